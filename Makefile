@@ -1,0 +1,51 @@
+# kvlog — one target per workflow. `make help` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvlog-installed
+PYTEST_ARGS ?=
+export SPARK_LOCAL_IP ?= 127.0.0.1
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+
+.PHONY: help demo test test-fast lint docs bench java install clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): setup.cfg pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## create .venv if needed and install kvlog with every extra
+
+java: ## check for Java 17+ (installs openjdk-17-jre-headless on Debian as root)
+	@bash scripts/ensure-java.sh
+
+demo: install java ## run the end-to-end demo on a local store
+	$(VENV)/bin/kvlog demo
+
+test: install java ## the whole suite (unit, property, fault, S3, Spark, examples, tutorials) and the docs
+	@bash scripts/run-pytest.sh $(PY) $(PYTEST_ARGS)
+	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+
+test-fast: install ## the suite without slow, S3 and Spark tests
+	@bash scripts/run-pytest.sh $(PY) -m "not slow and not s3 and not spark" $(PYTEST_ARGS)
+
+lint: install ## ruff and mypy (strict on kvlog/)
+	$(VENV)/bin/ruff check kvlog spark_ext tests benchmarks examples
+	$(VENV)/bin/mypy
+
+docs: install ## build the documentation (warnings are errors)
+	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
+
+bench: install java ## run the benchmark suite and write benchmarks/results/
+	$(VENV)/bin/kvlog bench --out benchmarks/results/latest.json
+
+clean: ## remove build outputs (keeps .venv)
+	rm -rf docs/_build build dist *.egg-info .pytest_cache .hypothesis

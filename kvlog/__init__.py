@@ -1,0 +1,79 @@
+"""kvlog: an embeddable key-value store whose source of truth is a compacted log.
+
+>>> import kvlog, tempfile
+>>> with kvlog.open(tempfile.mkdtemp()) as store:
+...     store.put("greeting", "hello")
+...     store.get("greeting")
+b'hello'
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from kvlog.clock import Clock, IdSource, ManualClock, SeededIdSource, SystemClock, SystemIdSource
+from kvlog.config import StoreConfig
+from kvlog.errors import (
+    CommitConflictError,
+    CommitStateUnknownError,
+    ConfigError,
+    CorruptDataError,
+    InvalidRecordError,
+    KvlogError,
+    OutOfOrderSequenceError,
+    ProducerError,
+    ProducerFencedError,
+    ReadOnlyError,
+    StorageError,
+    StoreClosedError,
+    StoreNotFoundError,
+)
+from kvlog.log import AppendResult, Log, Producer, Record
+from kvlog.storage import Storage
+from kvlog.store import Store, WriteBatch, open_store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AppendResult", "Clock", "CommitConflictError", "CommitStateUnknownError", "ConfigError",
+    "CorruptDataError", "IdSource", "InvalidRecordError", "KvlogError", "Log", "ManualClock",
+    "OutOfOrderSequenceError", "Producer", "ProducerError", "ProducerFencedError", "ReadOnlyError",
+    "Record", "SeededIdSource", "StorageError", "Store", "StoreClosedError", "StoreConfig",
+    "StoreNotFoundError", "SystemClock", "SystemIdSource", "WriteBatch", "open", "__version__",
+]
+
+
+def open(  # noqa: A001 - the public name API.md gives
+    uri: str | os.PathLike[str] | Storage,
+    *,
+    partitions: int | None = None,
+    create: bool = True,
+    read_only: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    clock: Clock | None = None,
+    config: StoreConfig | None = None,
+    ids: IdSource | None = None,
+    producer_id: int | None = None,
+    **settings: Any,
+) -> Store:
+    """Open the store at ``uri`` (a directory, ``file:///abs/dir`` or ``s3://bucket/prefix``).
+
+    ``partitions`` applies when the store is created (8 by default); on reopen a
+    different value is a :class:`ConfigError`. ``create=False`` refuses to create
+    (:class:`StoreNotFoundError`). ``read_only=True`` opens without a producer:
+    many processes may read at once. ``cache_dir`` is where the LMDB metadata
+    cache lives (default: ``<dir>/cache`` for local stores, ``~/.cache/kvlog/…``
+    for object stores). ``storage_options`` configure object stores
+    (``endpoint_override``, ``access_key``, ``secret_key``, ``region``…).
+    ``clock`` and ``ids`` inject time and randomness. ``producer_id`` names the
+    store's producer (by default one is kept in the cache, so a reopen fences an
+    older process of the same cache). Any :class:`StoreConfig` field may be given
+    as a keyword, or a whole ``config``.
+    """
+    return open_store(
+        uri, partitions=partitions, create=create, read_only=read_only, cache_dir=cache_dir,
+        storage_options=storage_options, clock=clock, config=config, ids=ids,
+        producer_id=producer_id, **settings,
+    )

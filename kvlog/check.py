@@ -1,0 +1,147 @@
+"""Self-check and statistics of a log: the metadata cache cross-checked against storage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvlog.errors import CorruptDataError
+from kvlog.log.log import Log
+from kvlog.log.naming import commit_name
+from kvlog.log.reader import records_of_batch
+from kvlog.meta import MetaReader
+
+__all__ = ["check_store", "log_stats"]
+
+#: Up to this many index entries, check() verifies every one points at its key's record.
+INDEX_CHECK_LIMIT = 200_000
+
+
+def check_store(log: Log, *, deep: bool = False) -> list[str]:
+    """Findings, one line each; empty when the store is consistent.
+
+    Checks: the cache is at the newest commit; every live file exists with its
+    size; per partition, live batches are ordered, disjoint and below the end
+    offset; every index entry points at a live record with its key (all of
+    them up to :data:`INDEX_CHECK_LIMIT` entries, or ``deep``); with ``deep``
+    every batch's checksum too.
+    """
+    findings: list[str] = []
+    version = log.refresh()
+    if log.storage.exists(commit_name(version + 1)):
+        findings.append(f"commit {version + 1} exists but the cache stopped at {version}")
+
+    def collect(r: MetaReader) -> tuple[dict[str, Any], dict[int, list[dict[str, Any]]], dict[int, int], int]:
+        files = dict(r.iter_files())
+        per_partition = {p: list(r.iter_batches(p, 0)) for p in range(log.partitions)}
+        ends = {p: int(r.get_partition(p)["end"]) for p in range(log.partitions)}
+        return files, per_partition, ends, r.index_count()
+
+    files, per_partition, ends, index_count = log.snapshot(collect)
+    for file_id, entry in files.items():
+        try:
+            info = log.storage.stat(entry["path"])
+        except FileNotFoundError:
+            findings.append(f"live file {entry['path']} is missing from storage")
+            continue
+        if info.size != entry["size"]:
+            findings.append(f"live file {entry['path']} has {info.size} bytes, expected {entry['size']}")
+        if not entry["batches"]:
+            findings.append(f"live file {file_id} has no live batch")
+    for p, batches in per_partition.items():
+        previous_last = -1
+        for batch in batches:
+            if batch["base"] <= previous_last:
+                findings.append(f"partition {p}: batch {batch['base']}..{batch['last']} overlaps the one before")
+            if batch["last"] < batch["base"] or batch["last"] >= ends[p]:
+                findings.append(f"partition {p}: batch {batch['base']}..{batch['last']} outside [0, {ends[p]})")
+            if batch["f"] not in files:
+                findings.append(f"partition {p}: batch at {batch['base']} belongs to no live file")
+            previous_last = batch["last"]
+            if deep:
+                try:
+                    log.read_batch(batch)
+                except CorruptDataError as e:
+                    findings.append(str(e))
+    if deep or index_count <= INDEX_CHECK_LIMIT:
+        findings.extend(_check_index(log))
+    return findings
+
+
+def _check_index(log: Log) -> list[str]:
+    """Every index entry points at a live record holding its key and (if inlined) its value."""
+    findings: list[str] = []
+    entries = log.snapshot(lambda r: list(r.index_scan()))
+    by_batch: dict[tuple[int, int], list[tuple[bytes, Any]]] = {}
+    batches: dict[tuple[int, int], dict[str, Any]] = {}
+    for key, entry in entries:
+        if log.partition_for(key) != entry.partition:
+            findings.append(f"index entry at offset {entry.offset} is in the wrong partition")
+            continue
+        batch = log.snapshot(lambda r, e=entry: r.find_batch(e.partition, e.offset))
+        if batch is None:
+            findings.append(f"index entry of a key points at partition {entry.partition} offset "
+                            f"{entry.offset}, which is not live")
+            continue
+        slot = (entry.partition, int(batch["last"]))
+        batches[slot] = batch
+        by_batch.setdefault(slot, []).append((key, entry))
+    for slot, items in by_batch.items():
+        batch = batches[slot]
+        records = {rec.offset: rec for rec in records_of_batch(batch, slot[0], log.read_batch(batch))}
+        for key, entry in items:
+            rec = records.get(entry.offset)
+            if rec is None or rec.key != key or rec.value is None:
+                findings.append(f"index entry at partition {entry.partition} offset {entry.offset} "
+                                "does not hold its key's value")
+            elif entry.inline is not None and entry.inline != rec.value:
+                findings.append(f"inline value at partition {entry.partition} offset {entry.offset} differs")
+    return findings
+
+
+def log_stats(log: Log) -> dict[str, Any]:
+    """Counts and sizes of the log and its cache (no credentials, no keys)."""
+
+    def collect(r: MetaReader) -> dict[str, Any]:
+        files = dict(r.iter_files())
+        levels: dict[str, dict[str, int]] = {}
+        for entry in files.values():
+            level = levels.setdefault(str(entry["level"]), {"files": 0, "bytes": 0})
+            level["files"] += 1
+            level["bytes"] += entry["size"]
+        partitions = []
+        records = 0
+        for p in range(log.partitions):
+            batches = list(r.iter_batches(p, 0))
+            count = sum(int(b["n"]) for b in batches)
+            records += count
+            partitions.append({
+                "partition": p,
+                "start_offset": int(batches[0]["base"]) if batches else int(r.get_partition(p)["end"]),
+                "end_offset": int(r.get_partition(p)["end"]),
+                "records": count,
+                "batches": len(batches),
+                "data_bytes": sum(int(b["bytes"]) for b in batches),
+                "cleaner": r.get_cleaner(p),
+            })
+        return {
+            "uri": log.storage.uri,
+            "store_uuid": log.identity.store_uuid,
+            "partitions": log.partitions,
+            "version": r.version(),
+            "live_keys": r.index_count(),
+            "records": records,
+            "files": len(files),
+            "file_bytes": sum(e["size"] for e in files.values()),
+            "levels": levels,
+            "producers": sum(1 for _ in r.iter_producers()),
+            "partition_stats": partitions,
+        }
+
+    out: dict[str, Any] = log.snapshot(collect)
+    out["cache_dir"] = str(log.env.path)
+    out["cache_disk_bytes"] = log.env.disk_bytes()
+    out["batch_cache_bytes"] = log.batch_cache.nbytes
+    out["commits_written"] = log.commits_written
+    out["commits_applied"] = log.commits_applied
+    out["storage_requests"] = dict(log.storage.requests)
+    return out

@@ -1,0 +1,133 @@
+"""The ``kvlog`` command line. Errors print one line and exit non-zero."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from kvlog.errors import KvlogError
+
+__all__ = ["main"]
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="backslashreplace")
+
+
+def _open(args: argparse.Namespace, **kwargs: Any) -> Any:
+    import kvlog
+
+    options = json.loads(args.storage_options) if args.storage_options else None
+    return kvlog.open(args.uri, storage_options=options, background_compaction=False, **kwargs)
+
+
+def _cmd_put(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        store.put(args.key, args.value, sync=True)
+    return 0
+
+
+def _cmd_get(args: argparse.Namespace) -> int:
+    with _open(args, create=False, read_only=True) as store:
+        value = store.get(args.key)
+    if value is None:
+        print(f"kvlog: key not found: {args.key}", file=sys.stderr)
+        return 1
+    print(_text(value))
+    return 0
+
+
+def _cmd_delete(args: argparse.Namespace) -> int:
+    with _open(args, create=False) as store:
+        store.delete(args.key, sync=True)
+    return 0
+
+
+def _cmd_scan(args: argparse.Namespace) -> int:
+    with _open(args, create=False, read_only=True) as store:
+        for key, value in store.scan(args.start, args.stop, prefix=args.prefix, reverse=args.reverse):
+            print(f"{_text(key)}\t{_text(value)}")
+    return 0
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    with _open(args, create=False, read_only=True) as store:
+        print(json.dumps(store.stats(), indent=2, sort_keys=True, default=str))
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    with _open(args, create=False, read_only=True) as store:
+        findings = store.check()
+    for line in findings:
+        print(line)
+    if findings:
+        print(f"kvlog: {len(findings)} problem(s) found", file=sys.stderr)
+        return 1
+    print("ok")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from kvlog.demo import run_demo
+
+    result = run_demo(args.path, records=args.records)
+    return 1 if result.failures else 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvlog", description="kvlog: a key-value store on a compacted log")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def store_cmd(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("uri", help="a directory, file:///abs/dir or s3://bucket/prefix")
+        p.add_argument("--storage-options", help="JSON object of object-store options")
+        return p
+
+    p = store_cmd("put", "set a key")
+    p.add_argument("key")
+    p.add_argument("value")
+    p.set_defaults(func=_cmd_put)
+    p = store_cmd("get", "print a key's value")
+    p.add_argument("key")
+    p.set_defaults(func=_cmd_get)
+    p = store_cmd("delete", "delete a key")
+    p.add_argument("key")
+    p.set_defaults(func=_cmd_delete)
+    p = store_cmd("scan", "print key<TAB>value lines in key order")
+    p.add_argument("--prefix")
+    p.add_argument("--start")
+    p.add_argument("--stop")
+    p.add_argument("--reverse", action="store_true")
+    p.set_defaults(func=_cmd_scan)
+    store_cmd("stats", "print statistics as JSON").set_defaults(func=_cmd_stats)
+    store_cmd("check", "verify the store's invariants").set_defaults(func=_cmd_check)
+    p = sub.add_parser("demo", help="the end-to-end demo on a local store")
+    p.add_argument("--path", help="store directory (default: a new temporary directory)")
+    p.add_argument("--records", type=int, default=1_000_000)
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except KvlogError as e:
+        print(f"kvlog: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except json.JSONDecodeError as e:
+        print(f"kvlog: --storage-options is not valid JSON: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Store settings: one frozen dataclass, validated, with Kafka names documented.
+
+Settings that change the on-storage format (``partitions``) are persisted in
+``kvlog.json`` when the store is created and checked on reopen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any
+
+from kvlog.errors import ConfigError
+
+__all__ = ["StoreConfig", "KAFKA_NAMES", "MiB", "DAY_MS"]
+
+MiB = 1024 * 1024
+DAY_MS = 24 * 3600 * 1000
+
+#: The Kafka setting each kvlog setting corresponds to, where there is one.
+KAFKA_NAMES: dict[str, str] = {
+    "delete_retention_ms": "delete.retention.ms",
+    "min_compaction_lag_ms": "min.compaction.lag.ms",
+    "max_compaction_lag_ms": "max.compaction.lag.ms",
+    "min_cleanable_dirty_ratio": "min.cleanable.dirty.ratio",
+    "offset_map_bytes": "log.cleaner.dedupe.buffer.size",
+    "offset_map_load_factor": "log.cleaner.io.buffer.load.factor",
+    "producer_id_expiration_ms": "producer.id.expiration.ms",
+    "file_delete_delay_ms": "file.delete.delay.ms",
+    "compaction_interval_ms": "log.cleaner.backoff.ms",
+    "max_record_bytes": "max.message.bytes",
+    "partitions": "num.partitions",
+}
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Every tunable of a store, with its default.
+
+    Unknown names and out-of-range values raise :class:`~kvlog.errors.ConfigError`.
+    """
+
+    partitions: int = 8
+    """Number of partitions, fixed when the store is created (Kafka: num.partitions)."""
+    delete_retention_ms: int = DAY_MS
+    """How long a tombstone that is the latest for its key is kept after the round that first sees it."""
+    min_compaction_lag_ms: int = 0
+    """Records younger than this are never cleaned."""
+    max_compaction_lag_ms: int | None = None
+    """A partition whose oldest dirty record is older than this is cleaned whatever its dirty ratio."""
+    min_cleanable_dirty_ratio: float = 0.5
+    """A partition is cleaned when dirty / (clean + dirty) bytes is strictly greater than this."""
+    offset_map_bytes: int = 128 * MiB
+    """Size of the compactor's offset map, allocated once per job."""
+    offset_map_load_factor: float = 0.9
+    """How full the offset map may get before a round ends early."""
+    producer_id_expiration_ms: int = DAY_MS
+    """Producers idle this long are forgotten (their duplicate window with them)."""
+    flush_interval_ms: int = 200
+    """Unflushed writes older than this are flushed by the background flusher."""
+    flush_bytes: int = 4 * MiB
+    """A flush starts when this many bytes are buffered."""
+    max_unflushed_bytes: int = 64 * MiB
+    """Writers block (backpressure) while this many bytes wait for a flush."""
+    cache_bytes: int = 32 * MiB
+    """Bound of the in-memory read cache of decoded batches."""
+    inline_value_bytes: int = 1024
+    """Values up to this size are kept in the key index itself, so a get needs no data-file read."""
+    l0_merge_files: int = 32
+    """L0 files waiting before they are merged into L1."""
+    file_delete_delay_ms: int = 60_000
+    """Grace period before an unreferenced data file or a replaced input is deleted."""
+    background_compaction: bool = True
+    """Run the compactor in a background thread."""
+    compaction_interval_ms: int = 15_000
+    """How often the background compactor looks for work (Kafka: log.cleaner.backoff.ms)."""
+    checkpoint_interval: int = 100
+    """A metadata checkpoint is written every this many commits."""
+    commit_retention_ms: int = 7 * DAY_MS
+    """Commits older than the newest checkpoint by more than this are deleted."""
+    max_key_bytes: int = 4096
+    """Largest key accepted."""
+    max_record_bytes: int = 8 * MiB
+    """Largest key + value accepted."""
+    compression: str = "zstd"
+    """Arrow IPC buffer compression of data files: 'zstd', 'lz4' or 'none'."""
+    refresh_interval_ms: int = 1000
+    """Reads pick up other writers' commits at most this stale (0: check on every read)."""
+    commit_retries: int = 50
+    """How many times a commit is retried at a later version when other writers take it first."""
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, name: str, what: str) -> None:
+            if not cond:
+                raise ConfigError(f"{name}={getattr(self, name)!r}: {what}")
+
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "max_compaction_lag_ms":
+                need(value is None or (_is_int(value) and value >= 0), f.name,
+                     "must be None or an integer >= 0")
+            elif f.name in ("min_cleanable_dirty_ratio", "offset_map_load_factor"):
+                need(isinstance(value, int | float) and not isinstance(value, bool), f.name,
+                     "must be a number")
+            elif f.name == "background_compaction":
+                need(isinstance(value, bool), f.name, "must be True or False")
+            elif f.name == "compression":
+                need(value in ("zstd", "lz4", "none"), f.name, "must be 'zstd', 'lz4' or 'none'")
+            else:
+                need(_is_int(value) and value >= 0, f.name, "must be an integer >= 0")
+        need(1 <= self.partitions <= 65535, "partitions", "must be between 1 and 65535")
+        need(0.0 <= self.min_cleanable_dirty_ratio <= 1.0, "min_cleanable_dirty_ratio",
+             "must be between 0 and 1")
+        need(0.0 < self.offset_map_load_factor <= 1.0, "offset_map_load_factor",
+             "must be in (0, 1]")
+        need(self.offset_map_bytes >= 64, "offset_map_bytes", "must hold at least one key (>= 64)")
+        need(1 <= self.max_key_bytes <= 65535, "max_key_bytes", "must be between 1 and 65535")
+        need(self.max_record_bytes > self.max_key_bytes, "max_record_bytes",
+             "must be larger than max_key_bytes")
+        need(self.max_unflushed_bytes >= self.max_record_bytes, "max_unflushed_bytes",
+             "must be at least max_record_bytes")
+        need(self.checkpoint_interval >= 1, "checkpoint_interval", "must be >= 1")
+        need(self.l0_merge_files >= 2, "l0_merge_files", "must be >= 2")
+
+    @classmethod
+    def from_settings(cls, base: StoreConfig | None = None, **settings: Any) -> StoreConfig:
+        """A config from ``base`` (or the defaults) with ``settings`` replaced; unknown names are refused."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+        return dataclasses.replace(base or cls(), **settings)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as a plain dict."""
+        return dataclasses.asdict(self)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,90 @@
+"""The one error hierarchy of kvlog.
+
+Every error kvlog raises on purpose is a :class:`KvlogError`. The subclass
+tells the caller what to do: fix the input (:class:`InvalidRecordError`,
+:class:`ConfigError`), retry later (:class:`StorageError`,
+:class:`CommitConflictError`), find out what happened
+(:class:`CommitStateUnknownError`), stop writing (:class:`ProducerFencedError`,
+:class:`StoreClosedError`, :class:`ReadOnlyError`), or restore from a good copy
+(:class:`CorruptDataError`). Messages are for people and are not API.
+
+This module imports nothing from kvlog.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "KvlogError",
+    "ConfigError",
+    "InvalidRecordError",
+    "StoreNotFoundError",
+    "StoreClosedError",
+    "ReadOnlyError",
+    "CorruptDataError",
+    "ProducerError",
+    "OutOfOrderSequenceError",
+    "ProducerFencedError",
+    "CommitConflictError",
+    "CommitStateUnknownError",
+    "StorageError",
+]
+
+
+class KvlogError(Exception):
+    """Root of every error kvlog raises on purpose."""
+
+
+class ConfigError(KvlogError, ValueError):
+    """A setting is unknown, out of range, or conflicts with the store on disk: fix the setting."""
+
+
+class InvalidRecordError(KvlogError, ValueError):
+    """A key or value is None, empty, of the wrong type or too large; the whole batch was rejected."""
+
+
+class StoreNotFoundError(KvlogError):
+    """No store exists at the URI and ``create=False`` was given."""
+
+
+class StoreClosedError(KvlogError):
+    """The store (or log, or producer) was closed: open it again to go on."""
+
+
+class ReadOnlyError(KvlogError):
+    """A write was attempted on a store opened with ``read_only=True``."""
+
+
+class CorruptDataError(KvlogError):
+    """A file or commit failed its checksum, is truncated, or has an unknown format version.
+
+    ``name`` is the object that is damaged.
+    """
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"{name}: {reason}")
+        self.name = name
+        self.reason = reason
+
+
+class ProducerError(KvlogError):
+    """A producer's append broke the idempotent-producer rules."""
+
+
+class OutOfOrderSequenceError(ProducerError):
+    """A batch's sequence left a gap or partly overlapped an earlier batch; resend in order."""
+
+
+class ProducerFencedError(ProducerError):
+    """The producer's epoch is older than the current one: another holder took over; stop writing."""
+
+
+class CommitConflictError(KvlogError):
+    """Other writers kept taking the next commit version and the internal retries ran out; retry."""
+
+
+class CommitStateUnknownError(KvlogError):
+    """The store could not learn whether a commit landed; reopen to find out before resending."""
+
+
+class StorageError(KvlogError):
+    """The storage backend failed; the cause is chained. Usually worth retrying later."""

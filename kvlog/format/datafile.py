@@ -1,0 +1,160 @@
+"""Data files: Apache Arrow IPC files with one record batch per kvlog batch.
+
+Columns ``key`` (binary, not null), ``value`` (binary, null = tombstone) and
+``timestamp`` (int64 ms). The schema carries ``kvlog.format`` in its metadata.
+Any Arrow reader (pyarrow, DuckDB, Polars, Spark) reads the file whole; kvlog
+reads one batch at a time through its byte range — the IPC message of that
+batch — and verifies the CRC32C that the batch directory keeps for it.
+Offsets are not in the file: they are assigned by the commit that makes the
+batch live (see :mod:`kvlog.format.commit`).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+
+from kvlog.errors import CorruptDataError
+from kvlog.format.checksum import crc32c
+from kvlog.format.envelope import FORMAT_VERSION
+
+__all__ = [
+    "SCHEMA",
+    "BatchLocation",
+    "DataFileWriter",
+    "decode_batch",
+    "read_data_file",
+    "make_record_batch",
+]
+
+SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary(), nullable=False),
+        pa.field("value", pa.binary(), nullable=True),
+        pa.field("timestamp", pa.int64(), nullable=False),
+    ],
+    metadata={"kvlog.format": str(FORMAT_VERSION)},
+)
+
+_MAGIC = b"ARROW1\x00\x00"
+_CONTINUATION = b"\xff\xff\xff\xff"
+
+
+@dataclass(frozen=True)
+class BatchLocation:
+    """Where one batch's IPC message lies in its data file, and its checksum."""
+
+    position: int
+    length: int
+    crc: int
+    count: int
+    data_bytes: int
+    """Key plus value bytes of the batch, uncompressed (the unit of the dirty ratio)."""
+    min_timestamp: int
+    max_timestamp: int
+
+
+def make_record_batch(
+    keys: Sequence[bytes], values: Sequence[bytes | None], timestamps: Sequence[int]
+) -> pa.RecordBatch:
+    """A record batch of the data-file schema from Python sequences."""
+    return pa.record_batch(
+        [
+            pa.array(keys, type=pa.binary()),
+            pa.array(values, type=pa.binary()),
+            pa.array(timestamps, type=pa.int64()),
+        ],
+        schema=SCHEMA,
+    )
+
+
+class DataFileWriter:
+    """Builds one data file in memory, batch by batch."""
+
+    def __init__(self, compression: str = "zstd") -> None:
+        self._sink = pa.BufferOutputStream()
+        codec = None if compression == "none" else compression
+        self._writer = ipc.new_file(
+            self._sink, SCHEMA, options=ipc.IpcWriteOptions(compression=codec)
+        )
+        self._spans: list[tuple[int, int, int, int, int, int]] = []
+        self._finished = False
+
+    def add(self, batch: pa.RecordBatch) -> int:
+        """Append ``batch`` (of :data:`SCHEMA`, at least one row); returns its index in the file."""
+        if batch.num_rows == 0:
+            raise ValueError("a data-file batch holds at least one record")
+        if not batch.schema.equals(SCHEMA, check_metadata=False):
+            batch = pa.record_batch(batch.columns, schema=SCHEMA)
+        start = self._sink.tell()
+        self._writer.write_batch(batch)
+        key_bytes = pc.sum(pc.binary_length(batch.column(0))).as_py() or 0
+        value_bytes = pc.sum(pc.binary_length(batch.column(1))).as_py() or 0
+        ts = batch.column(2)
+        lo = pc.min(ts).as_py()
+        hi = pc.max(ts).as_py()
+        self._spans.append((start, self._sink.tell(), batch.num_rows, key_bytes + value_bytes, lo, hi))
+        return len(self._spans) - 1
+
+    def finish(self) -> tuple[bytes, list[BatchLocation]]:
+        """The file's bytes and the location of every batch, in the order they were added."""
+        if self._finished:
+            raise ValueError("data file already finished")
+        self._finished = True
+        self._writer.close()
+        data = self._sink.getvalue().to_pybytes()
+        first_batch = _first_message_end(data)
+        locations = []
+        for index, (start, end, count, nbytes, lo, hi) in enumerate(self._spans):
+            # The writer emits the schema lazily with the first batch.
+            begin = first_batch if index == 0 else start
+            locations.append(
+                BatchLocation(begin, end - begin, crc32c(memoryview(data)[begin:end]), count, nbytes, lo, hi)
+            )
+        return data, locations
+
+
+def _first_message_end(data: bytes) -> int:
+    """Offset just past the schema message that follows the file magic."""
+    if data[:8] != _MAGIC or data[8:12] != _CONTINUATION:
+        raise ValueError("not an Arrow IPC file")
+    (length,) = struct.unpack_from("<i", data, 12)
+    return 16 + length
+
+
+def decode_batch(name: str, data: bytes | memoryview, location: BatchLocation) -> pa.RecordBatch:
+    """The record batch stored at ``location``, from exactly its bytes; verified."""
+    if len(data) != location.length:
+        raise CorruptDataError(
+            name, f"batch at byte {location.position} truncated: {len(data)} of {location.length} bytes"
+        )
+    if crc32c(data) != location.crc:
+        raise CorruptDataError(name, f"checksum mismatch in the batch at byte {location.position}")
+    try:
+        message = ipc.read_message(pa.py_buffer(data))
+        batch = ipc.read_record_batch(message, SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:  # pragma: no cover - CRC first
+        raise CorruptDataError(name, f"undecodable batch at byte {location.position} ({e})") from None
+    if batch.num_rows != location.count:
+        raise CorruptDataError(
+            name, f"batch at byte {location.position} has {batch.num_rows} records, expected {location.count}"
+        )
+    return batch
+
+
+def read_data_file(
+    name: str, data: bytes, locations: Sequence[BatchLocation], *, size: int | None = None,
+    crc: int | None = None,
+) -> list[pa.RecordBatch]:
+    """Every batch of a whole data file, verified against its directory (and file size and CRC)."""
+    if size is not None and len(data) != size:
+        raise CorruptDataError(name, f"size {len(data)} bytes, expected {size}")
+    if crc is not None and crc32c(data) != crc:
+        raise CorruptDataError(name, "file checksum mismatch")
+    view = memoryview(data)
+    return [decode_batch(name, view[loc.position : loc.position + loc.length], loc) for loc in locations]

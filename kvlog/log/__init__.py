@@ -1,0 +1,7 @@
+"""The log: commit protocol, offsets, producers, replay into the metadata cache, reads."""
+
+from kvlog.log.log import Log, PendingBatch, Producer, open_log, to_record_batch
+from kvlog.log.records import AppendResult, Record, partition_for_key
+
+__all__ = ["AppendResult", "Log", "PendingBatch", "Producer", "Record", "open_log",
+           "partition_for_key", "to_record_batch"]

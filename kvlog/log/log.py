@@ -1,0 +1,704 @@
+"""The log: a storage root, its commit log, and the metadata cache that replays it.
+
+Commit order, and why (DESIGN §4): a data file is written first, under a fresh
+name nobody references; then ``log/<v+1>.json`` is created with put-if-absent,
+the single atomic switch that makes the file's batches live; then the commit
+is applied to the LMDB cache. A crash before the commit leaves an orphan file
+for GC; a crash after it loses nothing, since the cache is rebuilt from the
+log; a replaced file is deleted only after ``file_delete_delay_ms`` so readers
+of older versions keep their files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from hashlib import sha256
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from kvlog.clock import Clock, IdSource, SystemClock, SystemIdSource
+from kvlog.config import StoreConfig
+from kvlog.errors import (
+    CommitConflictError,
+    CommitStateUnknownError,
+    ConfigError,
+    CorruptDataError,
+    InvalidRecordError,
+    OutOfOrderSequenceError,
+    ProducerError,
+    ProducerFencedError,
+    ReadOnlyError,
+    StorageError,
+    StoreClosedError,
+    StoreNotFoundError,
+)
+from kvlog.format.commit import BatchEntry, Commit, FileEntry, decode_commit, encode_commit, file_from_json
+from kvlog.format.datafile import DataFileWriter, decode_batch, make_record_batch
+from kvlog.format.envelope import decode_document, encode_document
+from kvlog.format.identity import IDENTITY_NAME, Identity, decode_identity, encode_identity
+from kvlog.log.naming import DATA_PREFIX, LOG_PREFIX, checkpoint_name, commit_name, data_file_name, parse_log_name
+from kvlog.log.producers import producer_from_json, producer_to_json
+from kvlog.log.reader import BatchCache, location_of, records_of_batch
+from kvlog.log.records import AppendResult, Record, ValidRecords, partition_for_key, validate_records
+from kvlog.log.replay import ApplySettings, apply_commit, index_batch
+from kvlog.meta import LmdbEnv, MetaReader, MetaTxn, acquire_env, release_env
+from kvlog.progress import progress
+from kvlog.storage import Storage, is_local_uri, open_storage
+
+__all__ = ["Log", "Producer", "open_log", "PendingBatch"]
+
+log = logging.getLogger("kvlog.log")
+
+_ERRORS: dict[str, type[ProducerError]] = {
+    "ProducerFencedError": ProducerFencedError,
+    "OutOfOrderSequenceError": OutOfOrderSequenceError,
+}
+
+
+class PendingBatch:
+    """A batch to append: a partition, its records, and its producer sequence."""
+
+    __slots__ = ("partition", "records", "base_sequence")
+
+    def __init__(self, partition: int, records: pa.RecordBatch, base_sequence: int) -> None:
+        self.partition = partition
+        self.records = records
+        self.base_sequence = base_sequence
+
+
+class Log:
+    """A store's log: partitions, offsets, producers, reads. See :func:`open_log`."""
+
+    def __init__(
+        self, storage: Storage, identity: Identity, env: LmdbEnv, config: StoreConfig,
+        clock: Clock, ids: IdSource, read_only: bool, owns_storage: bool,
+    ) -> None:
+        self.storage = storage
+        self.identity = identity
+        self.env = env
+        self.config = config
+        self.clock = clock
+        self.ids = ids
+        self.read_only = read_only
+        self._owns_storage = owns_storage
+        self.batch_cache = BatchCache(storage, config.cache_bytes)
+        self._apply_lock = threading.RLock()
+        self._commit_lock = threading.RLock()
+        self._own: dict[str, dict[tuple[str, int], pa.RecordBatch]] = {}
+        self._closed = False
+        self._settings = ApplySettings(
+            config.producer_id_expiration_ms, config.file_delete_delay_ms, config.inline_value_bytes
+        )
+        self.commits_written = 0
+        self.commits_applied = 0
+
+    # -- basic facts ------------------------------------------------------------------------------
+    @property
+    def partitions(self) -> int:
+        """Number of partitions (fixed at creation)."""
+        return self.identity.partitions
+
+    def partition_for(self, key: bytes | str) -> int:
+        """The partition of ``key`` (XXH3-64 of its bytes modulo the partition count)."""
+        data = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+        return partition_for_key(data, self.partitions)
+
+    def _check_partition(self, partition: int) -> int:
+        if not isinstance(partition, int) or isinstance(partition, bool) or not 0 <= partition < self.partitions:
+            raise InvalidRecordError(f"partition {partition!r} is not in [0, {self.partitions})")
+        return partition
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the log is closed")
+
+    def reader(self) -> MetaReader:
+        """A consistent snapshot of the metadata; abort ``reader().txn`` when done (or use :meth:`snapshot`)."""
+        return MetaReader(self.env, self.env.read())
+
+    def snapshot(self, fn: Callable[[MetaReader], Any]) -> Any:
+        """``fn`` applied to a read snapshot of the metadata."""
+        reader = self.reader()
+        try:
+            return fn(reader)
+        finally:
+            reader.txn.abort()
+
+    @property
+    def version(self) -> int:
+        """The applied commit version."""
+        return int(self.snapshot(lambda r: r.version()))
+
+    def start_offset(self, partition: int) -> int:
+        """The lowest offset still in ``partition`` (its end offset when it holds nothing)."""
+        self._check_partition(partition)
+
+        def first(r: MetaReader) -> int:
+            for batch in r.iter_batches(partition, 0):
+                return int(batch["base"])
+            return int(r.get_partition(partition)["end"])
+
+        return int(self.snapshot(first))
+
+    def end_offset(self, partition: int) -> int:
+        """The next offset ``partition`` will assign."""
+        self._check_partition(partition)
+        return int(self.snapshot(lambda r: r.get_partition(partition)["end"]))
+
+    # -- reading ----------------------------------------------------------------------------------
+    def read(self, partition: int, from_offset: int = 0, to_offset: int | None = None) -> Iterator[Record]:
+        """Records of ``partition`` in offset order from ``from_offset`` (to ``to_offset``), skipping holes."""
+        self._check_open()
+        self._check_partition(partition)
+        if from_offset < 0:
+            raise InvalidRecordError("from_offset must be >= 0")
+        return self._read(partition, from_offset, to_offset)
+
+    def _read(self, partition: int, from_offset: int, to_offset: int | None) -> Iterator[Record]:
+        cursor = from_offset
+        while True:
+            # Short snapshots of at most 256 batches, so no reader slot is held for long.
+            def chunk(r: MetaReader, start: int = cursor) -> list[dict[str, Any]]:
+                out = []
+                for batch in r.iter_batches(partition, start):
+                    out.append(batch)
+                    if len(out) >= 256:
+                        break
+                return out
+
+            batches = self.snapshot(chunk)
+            if not batches:
+                return
+            for batch in batches:
+                if to_offset is not None and batch["base"] >= to_offset:
+                    return
+                yield from records_of_batch(batch, partition, self.batch_cache.get(batch), cursor, to_offset)
+                cursor = int(batch["last"]) + 1
+
+    def read_batch(self, batch: dict[str, Any]) -> pa.RecordBatch:
+        """The records of a resolved batch (through the bounded cache)."""
+        return self.batch_cache.get(batch)
+
+    # -- replay -----------------------------------------------------------------------------------
+    def refresh(self) -> int:
+        """Apply every commit that landed since the applied version; return the new version."""
+        self._check_open()
+        with self._apply_lock:
+            version = self.version
+            while True:
+                name = commit_name(version + 1)
+                try:
+                    data = self.storage.read(name)
+                except FileNotFoundError:
+                    return version
+                commit = decode_commit(name, data)
+                if commit.version != version + 1:
+                    raise CorruptDataError(name, f"holds version {commit.version}")
+                self._apply(commit)
+                version += 1
+
+    def _apply(self, commit: Commit) -> None:
+        own = self._own.get(commit.commit_id, {})
+
+        def source(file: FileEntry, index: int) -> pa.RecordBatch:
+            cached = own.get((file.file_id, index))
+            if cached is not None:
+                return cached
+            loc = file.batches[index].location
+            try:
+                data = self.storage.read_range(file.path, loc.position, loc.length)
+            except FileNotFoundError:
+                raise CorruptDataError(file.path, "data file of a committed batch is missing") from None
+            return decode_batch(file.path, data, loc)
+
+        def work(txn: Any) -> bool:
+            meta = MetaTxn(self.env, txn)
+            if meta.version() != commit.version - 1:
+                return False
+            apply_commit(meta, commit, source, self._settings)
+            return True
+
+        if self.env.write(work):
+            self.commits_applied += 1
+
+    def outcome(self, commit_id: str) -> dict[str, Any] | None:
+        """What applying commit ``commit_id`` decided, if it was applied here recently."""
+        return self.snapshot(lambda r: r.get_outcome(commit_id))  # type: ignore[no-any-return]
+
+    # -- committing -------------------------------------------------------------------------------
+    def commit(
+        self, build: Callable[[int], Commit], own: dict[tuple[str, int], pa.RecordBatch] | None = None
+    ) -> dict[str, Any]:
+        """Write the commit ``build(version)`` at the next free version and return its outcome.
+
+        ``build`` is called again for each attempt (it may re-validate, raising to abort) and must
+        keep the same commit id, by which a commit whose outcome was unknown is recognised.
+        """
+        self._check_open()
+        if self.read_only:
+            raise ReadOnlyError("the store is open read-only")
+        with self._commit_lock:
+            for _attempt in range(self.config.commit_retries):
+                version = self.refresh() + 1
+                commit = build(version)
+                done = self.outcome(commit.commit_id)
+                if done is not None:
+                    return done
+                name = commit_name(version)
+                if own:
+                    self._own[commit.commit_id] = own
+                try:
+                    try:
+                        self.storage.put_if_absent(name, encode_commit(commit))
+                        self.commits_written += 1
+                    except FileExistsError:
+                        pass  # another writer took this version; ours may have landed earlier
+                    except StorageError as e:
+                        if not self._landed(name, commit.commit_id, e):
+                            continue
+                    self.refresh()
+                finally:
+                    self._own.pop(commit.commit_id, None)
+                done = self.outcome(commit.commit_id)
+                if done is not None:
+                    self._maybe_checkpoint()
+                    return done
+            raise CommitConflictError(
+                f"{self.config.commit_retries} attempts lost the race for the next commit version"
+            )
+
+    def _landed(self, name: str, commit_id: str, cause: StorageError) -> bool:
+        """After a failed put-if-absent: whether our commit is there (re-read until known)."""
+        last: Exception = cause
+        for _ in range(5):
+            try:
+                data = self.storage.read(name)
+            except FileNotFoundError:
+                return False
+            except StorageError as e:
+                last = e
+                continue
+            return decode_commit(name, data).commit_id == commit_id
+        raise CommitStateUnknownError(
+            f"could not learn whether {name} landed; reopen the store before resending"
+        ) from last
+
+    def new_id(self) -> str:
+        """A fresh identifier for a commit or a data file."""
+        return self.ids.token(16).hex()
+
+    def write_data_file(
+        self, level: int, batches: Sequence[tuple[int, pa.RecordBatch, dict[str, Any]]]
+    ) -> tuple[FileEntry, bytes]:
+        """Write one data file of ``(partition, records, batch fields)`` (sorted by partition)."""
+        self._check_open()
+        if self.read_only:
+            raise ReadOnlyError("the store is open read-only")
+        writer = DataFileWriter(self.config.compression)
+        order = sorted(range(len(batches)), key=lambda i: batches[i][0])
+        for i in order:
+            writer.add(batches[i][1])
+        data, locations = writer.finish()
+        file_id = self.new_id()
+        path = data_file_name(level, file_id)
+        entries = []
+        for i, loc in zip(order, locations, strict=True):
+            partition, _records, fields = batches[i]
+            entries.append(BatchEntry(partition=partition, location=loc, **fields))
+        from kvlog.format.checksum import crc32c
+
+        entry = FileEntry(file_id, path, level, len(data), crc32c(data), tuple(entries))
+        self.storage.put(path, data)
+        return entry, data
+
+    def append_batches(
+        self, producer_id: int, epoch: int, batches: Sequence[PendingBatch]
+    ) -> list[AppendResult]:
+        """Append batches of one producer in one data file and one commit, all or nothing; durable on return."""
+        if not batches:
+            return []
+        fields = [
+            (b.partition, b.records, {"producer_id": producer_id, "epoch": epoch, "base_sequence": b.base_sequence})
+            for b in batches
+        ]
+        entry, data = self.write_data_file(0, fields)
+        written_ms = self.clock.now_ms()
+        commit_id = self.new_id()
+        # The file's batch order is by partition; map each input batch to its position in the file.
+        order = sorted(range(len(batches)), key=lambda i: batches[i].partition)
+        position = {i: pos for pos, i in enumerate(order)}
+        own = {(entry.file_id, position[i]): batches[i].records for i in range(len(batches))}
+
+        def build(version: int) -> Commit:
+            nonlocal written_ms
+            now = self.clock.now_ms()
+            if now - written_ms > self.config.file_delete_delay_ms // 2:
+                # Long retries: refresh the file so orphan GC never takes it before the commit lands.
+                self.storage.put(entry.path, data)
+                written_ms = now
+            return Commit(version, commit_id, now, "append", add=(entry,))
+
+        outcome = self.commit(build, own)
+        if outcome["error"] is not None:
+            kind, message = outcome["error"]
+            raise _ERRORS.get(kind, ProducerError)(message)
+        by_position = {r[1]: r for r in outcome["results"]}
+        results = []
+        for i in range(len(batches)):
+            r = by_position[position[i]]
+            results.append(AppendResult(int(r[3]), int(r[4]), r[2] == "duplicate"))
+        return results
+
+    def producer(self, producer_id: int | None = None, *, epoch: int | None = None) -> Producer:
+        """A producer handle (see API.md): a new id, a bumped epoch (fencing), or a resumed one."""
+        self._check_open()
+        if self.read_only:
+            raise ReadOnlyError("the store is open read-only")
+        if producer_id is None:
+            return Producer(self, int.from_bytes(self.ids.token(8), "big") >> 1, 0 if epoch is None else epoch)
+        if not isinstance(producer_id, int) or isinstance(producer_id, bool) or not 0 <= producer_id < 2**63:
+            raise InvalidRecordError(f"producer_id must be an integer in [0, 2^63), not {producer_id!r}")
+        self.refresh()
+        state = self.snapshot(lambda r: r.get_producer(producer_id))
+        now = self.clock.now_ms()
+        current = None
+        if state is not None and not state.expired(now, self.config.producer_id_expiration_ms):
+            current = state.epoch
+        if epoch is None:
+            new_epoch = 0 if current is None else current + 1
+        elif current is not None and epoch < current:
+            raise ProducerFencedError(f"producer {producer_id} epoch {epoch} is older than {current}")
+        else:
+            new_epoch = epoch
+        if current is None or new_epoch != current:
+            self.register_producer(producer_id, new_epoch)
+        return Producer(self, producer_id, new_epoch)
+
+    def register_producer(self, producer_id: int, epoch: int) -> None:
+        """Commit ``epoch`` as the producer's current epoch, fencing older holders."""
+        commit_id = self.new_id()
+        outcome = self.commit(
+            lambda v: Commit(v, commit_id, self.clock.now_ms(), "producer", producer_id=producer_id, epoch=epoch)
+        )
+        if outcome["error"] is not None:
+            kind, message = outcome["error"]
+            raise _ERRORS.get(kind, ProducerError)(message)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def _maybe_checkpoint(self) -> None:
+        last = self.snapshot(lambda r: r.get_meta("checkpoint_version"))
+        last_version = int(last) if last else 0
+        if self.version - last_version >= self.config.checkpoint_interval:
+            self.write_checkpoint()
+
+    def write_checkpoint(self) -> int:
+        """Write the full metadata at the applied version as ``log/<version>.checkpoint.json``."""
+        body = self.snapshot(_checkpoint_body)
+        version = int(body["version"])
+        try:
+            self.storage.put_if_absent(checkpoint_name(version), encode_document("checkpoint", body))
+        except FileExistsError:
+            pass
+        self.env.write(lambda txn: MetaTxn(self.env, txn).put_meta("checkpoint_version", str(version).encode()))
+        return version
+
+    def load_checkpoint(self, version: int) -> None:
+        """Replace the metadata cache with checkpoint ``version`` and rebuild the key index from data."""
+        name = checkpoint_name(version)
+        body = decode_document(name, self.storage.read(name), "checkpoint")
+
+        def load(txn: Any) -> None:
+            meta = MetaTxn(self.env, txn)
+            meta.clear()
+            _load_checkpoint_body(meta, name, body)
+            meta.put_meta("index_ready", b"0")
+
+        self.env.write(load)
+        self.rebuild_index()
+
+    def rebuild_index(self) -> None:
+        """Rebuild the key index by reading every live batch in offset order."""
+        self.env.write(lambda txn: _clear_index(MetaTxn(self.env, txn)))
+        batches: list[dict[str, Any]] = self.snapshot(
+            lambda r: [b for p in range(self.partitions) for b in r.iter_batches(p, 0)]
+        )
+        with progress("rebuilding the key index", len(batches)) as bar:
+            for start in range(0, len(batches), 64):
+                chunk = [(b, self.batch_cache.get(b)) for b in batches[start:start + 64]]
+
+                def work(txn: Any, chunk: list[tuple[dict[str, Any], pa.RecordBatch]] = chunk) -> None:
+                    meta = MetaTxn(self.env, txn)
+                    for batch, records in chunk:
+                        offsets = [r.offset for r in records_of_batch(batch, batch["p"], records)]
+                        index_batch(meta, batch["p"], batch["base"], records,
+                                    self.config.inline_value_bytes, offsets)
+
+                self.env.write(work)
+                bar.advance(len(chunk))
+        self.env.write(lambda txn: MetaTxn(self.env, txn).put_meta("index_ready", b"1"))
+
+    # -- garbage collection -----------------------------------------------------------------------
+    def gc(self, now_ms: int | None = None) -> dict[str, int]:
+        """Delete replaced files past their delay, orphan data files, and commits behind the newest checkpoint."""
+        self._check_open()
+        if self.read_only:
+            raise ReadOnlyError("the store is open read-only")
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        self.refresh()
+        deleted = {"replaced": 0, "orphans": 0, "commits": 0}
+        pending = dict(self.snapshot(lambda r: list(r.iter_pending())))
+        live_paths = set(self.snapshot(lambda r: [e["path"] for _fid, e in r.iter_files()]))
+        for path, due in pending.items():
+            if due <= now:
+                self.storage.delete(path)
+                self.env.write(lambda txn, p=path: MetaTxn(self.env, txn).delete_pending(p))
+                deleted["replaced"] += 1
+        for info in self.storage.list(DATA_PREFIX):
+            if info.name in live_paths or info.name in pending:
+                continue
+            if info.mtime_ms + self.config.file_delete_delay_ms <= now:
+                self.storage.delete(info.name)
+                deleted["orphans"] += 1
+        entries = [(parse_log_name(i.name), i) for i in self.storage.list(LOG_PREFIX)]
+        checkpoints = [v for parsed, _i in entries if parsed and parsed[1] == "checkpoint" for v in [parsed[0]]]
+        if checkpoints:
+            newest = max(checkpoints)
+            newest_info = next(i for parsed, i in entries if parsed == (newest, "checkpoint"))
+            horizon = newest_info.mtime_ms - self.config.commit_retention_ms
+            for parsed, info in entries:
+                if parsed and parsed[0] < newest and info.mtime_ms < horizon:
+                    self.storage.delete(info.name)
+                    deleted["commits"] += 1
+        return deleted
+
+    def close(self) -> None:
+        """Release the metadata cache and the storage."""
+        if self._closed:
+            return
+        self._closed = True
+        self.batch_cache.clear()
+        release_env(self.env)
+        if self._owns_storage:
+            self.storage.close()
+
+    def __repr__(self) -> str:
+        return f"Log({self.storage.uri!r}, partitions={self.partitions})"
+
+
+class Producer:
+    """An idempotent producer: appends carry (producer id, epoch, base sequence)."""
+
+    def __init__(self, log: Log, producer_id: int, epoch: int) -> None:
+        self._log = log
+        self.producer_id = producer_id
+        self.epoch = epoch
+
+    def append(self, partition: int, records: Sequence[Sequence[Any]], *, base_sequence: int) -> AppendResult:
+        """Append ``records`` to ``partition``; durable on return. A repeat of one of the last 5
+        batches returns the original offsets with ``duplicate=True``."""
+        self._log._check_partition(partition)
+        if not isinstance(base_sequence, int) or isinstance(base_sequence, bool):
+            raise InvalidRecordError("base_sequence must be an integer")
+        if not 0 <= base_sequence < 2**31:
+            raise OutOfOrderSequenceError(f"base_sequence {base_sequence} outside [0, 2^31)")
+        cfg = self._log.config
+        valid = validate_records(records, default_timestamp=self._log.clock.now_ms(),
+                                 max_key_bytes=cfg.max_key_bytes, max_record_bytes=cfg.max_record_bytes)
+        batch = PendingBatch(partition, to_record_batch(valid), base_sequence)
+        return self._log.append_batches(self.producer_id, self.epoch, [batch])[0]
+
+    def __repr__(self) -> str:
+        return f"Producer(producer_id={self.producer_id}, epoch={self.epoch})"
+
+
+def to_record_batch(valid: ValidRecords) -> pa.RecordBatch:
+    """The Arrow batch of validated records."""
+    return make_record_batch(valid.keys, valid.values, valid.timestamps)
+
+
+def _clear_index(meta: MetaTxn) -> None:
+    meta.txn.drop(meta._db["index"], delete=False)
+    meta.put_meta("index_ready", b"0")
+
+
+def _checkpoint_body(r: MetaReader) -> dict[str, Any]:
+    files = dict(r.iter_files())
+    batches = []
+    for _fid, entry in files.items():
+        for p, last in entry["batches"]:
+            b = r.find_batch(p, last)
+            if b is not None:
+                batches.append(b)
+    parts: dict[str, Any] = {}
+    cleaner: dict[str, Any] = {}
+    with r.txn.cursor(db=r._db["parts"]) as cur:
+        for k, v in cur:
+            import json
+            import struct
+
+            parts[str(struct.unpack(">H", k)[0])] = json.loads(v)
+    with r.txn.cursor(db=r._db["cleaner"]) as cur:
+        for k, v in cur:
+            import json
+            import struct
+
+            cleaner[str(struct.unpack(">H", k)[0])] = json.loads(v)
+    return {
+        "version": r.version(),
+        "last_commit_ms": r.last_commit_ms(),
+        "files": files,
+        "batches": batches,
+        "parts": parts,
+        "producers": [producer_to_json(s) for s in r.iter_producers()],
+        "pending": dict(r.iter_pending()),
+        "cleaner": cleaner,
+    }
+
+
+def _load_checkpoint_body(meta: MetaTxn, name: str, body: dict[str, Any]) -> None:
+    try:
+        for fid, entry in body["files"].items():
+            meta.put_file(fid, entry)
+        for b in body["batches"]:
+            meta.put_batch(int(b["p"]), int(b["last"]), b)
+        for p, info in body["parts"].items():
+            meta.put_partition(int(p), info)
+        for p, state in body["cleaner"].items():
+            meta.put_cleaner(int(p), state)
+        for obj in body["producers"]:
+            meta.put_producer(producer_from_json(obj))
+        for path, due in body["pending"].items():
+            meta.put_pending(path, int(due))
+        meta.set_version(int(body["version"]))
+        meta.set_last_commit_ms(int(body["last_commit_ms"]))
+        meta.put_meta("checkpoint_version", str(int(body["version"])).encode())
+    except (KeyError, TypeError, ValueError) as e:
+        raise CorruptDataError(name, f"malformed checkpoint ({e})") from None
+
+
+def default_cache_dir(storage: Storage) -> Path:
+    """Where the metadata cache of a store lives when no ``cache_dir`` is given."""
+    from kvlog.storage.local import LocalStorage
+
+    if isinstance(storage, LocalStorage):
+        return storage.root / "cache"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvlog"
+    return base / sha256(storage.uri.encode()).hexdigest()[:24]
+
+
+def open_log(
+    uri: str | os.PathLike[str] | Storage,
+    *,
+    create: bool = True,
+    partitions: int | None = None,
+    read_only: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    config: StoreConfig | None = None,
+    clock: Clock | None = None,
+    ids: IdSource | None = None,
+) -> Log:
+    """Open (or create) the log at ``uri`` and bring its metadata cache up to date."""
+    clock = clock or SystemClock()
+    ids = ids or SystemIdSource()
+    if isinstance(uri, Storage):
+        storage, owns = uri, False
+    else:
+        if not read_only and not create and is_local_uri(uri):
+            target = os.fspath(uri).removeprefix("file://")
+            if not os.path.isdir(target):
+                raise StoreNotFoundError(f"no kvlog store at {os.fspath(uri)!r}")
+        if read_only and is_local_uri(uri) and not os.path.isdir(os.fspath(uri).removeprefix("file://")):
+            raise StoreNotFoundError(f"no kvlog store at {os.fspath(uri)!r}")
+        storage, owns = open_storage(uri, storage_options), True
+    try:
+        identity = _identity(storage, create and not read_only, partitions, config, clock, ids)
+        cfg = config or StoreConfig()
+        if cfg.partitions != identity.partitions:
+            cfg = StoreConfig.from_settings(cfg, partitions=identity.partitions)
+        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir(storage)
+        env = acquire_env(cache)
+    except BaseException:
+        if owns:
+            storage.close()
+        raise
+    the_log = Log(storage, identity, env, cfg, clock, ids, read_only, owns)
+    try:
+        _catch_up(the_log)
+    except BaseException:
+        the_log.close()
+        raise
+    return the_log
+
+
+def _identity(
+    storage: Storage, create: bool, partitions: int | None, config: StoreConfig | None,
+    clock: Clock, ids: IdSource,
+) -> Identity:
+    try:
+        identity = decode_identity(storage.read(IDENTITY_NAME))
+    except FileNotFoundError:
+        if not create:
+            raise StoreNotFoundError(f"no kvlog store at {storage.uri}") from None
+        wanted = partitions if partitions is not None else (config.partitions if config else 8)
+        StoreConfig(partitions=wanted)  # validates
+        fresh = Identity(
+            store_uuid=ids.token(16).hex(), partitions=wanted, created_ms=clock.now_ms(),
+            fingerprint_seed=int.from_bytes(ids.token(8), "big"),
+        )
+        try:
+            storage.put_if_absent(IDENTITY_NAME, encode_identity(fresh))
+            return fresh
+        except FileExistsError:
+            identity = decode_identity(storage.read(IDENTITY_NAME))
+    if partitions is not None and partitions != identity.partitions:
+        raise ConfigError(
+            f"partitions={partitions} but the store at {storage.uri} has {identity.partitions} partitions"
+        )
+    return identity
+
+
+def _catch_up(the_log: Log) -> None:
+    """Reset a cache of another store, reload from a checkpoint when behind it, then replay."""
+    uuid = the_log.identity.store_uuid.encode()
+
+    def check_uuid(txn: Any) -> bool:
+        meta = MetaTxn(the_log.env, txn)
+        current = meta.get_meta("uuid")
+        if current == uuid:
+            return False
+        meta.clear()
+        meta.put_meta("uuid", uuid)
+        meta.put_meta("index_ready", b"1")
+        return True
+
+    if the_log.env.write(check_uuid):
+        log.info("metadata cache at %s rebuilt for store %s", the_log.env.path, the_log.identity.store_uuid)
+    version = the_log.version
+    if not the_log.storage.exists(commit_name(version + 1)):
+        pass
+    newest_checkpoint = 0
+    for info in the_log.storage.list(LOG_PREFIX):
+        parsed = parse_log_name(info.name)
+        if parsed and parsed[1] == "checkpoint":
+            newest_checkpoint = max(newest_checkpoint, parsed[0])
+    if newest_checkpoint > version and not the_log.storage.exists(commit_name(version + 1)):
+        the_log.load_checkpoint(newest_checkpoint)
+    elif newest_checkpoint > version and version == 0:
+        the_log.load_checkpoint(newest_checkpoint)
+    elif the_log.snapshot(lambda r: r.get_meta("index_ready")) == b"0":
+        the_log.rebuild_index()
+    the_log.refresh()
+
+
+def file_entry_from_json(name: str, obj: Any) -> FileEntry:
+    """Decode a file entry (re-exported for the compactor and Spark)."""
+    return file_from_json(name, obj)
+
+
+_ = location_of

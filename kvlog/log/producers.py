@@ -1,0 +1,218 @@
+"""Kafka's idempotent-producer rules, broker side, as a pure state machine.
+
+State per producer id: the newest registered epoch and, per partition, the
+epoch and the metadata of the last :data:`WINDOW` accepted batches. A batch is
+checked when the commit holding it is applied (never when its file is
+written), with the commit's timestamp as "now", so every reader replays the
+same decisions:
+
+* an older epoch than the producer's → :class:`~kvlog.errors.ProducerFencedError`;
+* an unknown or expired producer (on this partition) → accepted at any sequence;
+* a newer epoch → must start at sequence 0, and replaces the partition's state;
+* the same epoch and exactly the (first, last) sequence of one of the last
+  5 batches → a duplicate: the original offsets, nothing written;
+* the same epoch, first sequence = last sequence + 1 (mod 2^31) → accepted;
+* anything else (a gap, a partial overlap, a duplicate older than the window)
+  → :class:`~kvlog.errors.OutOfOrderSequenceError`.
+
+Unlike Kafka, the whole window lives in the metadata, so compaction cannot
+shrink it and it survives restarts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvlog.errors import OutOfOrderSequenceError, ProducerError, ProducerFencedError
+
+__all__ = [
+    "SEQUENCE_MODULUS",
+    "WINDOW",
+    "BatchMeta",
+    "PartitionProducerState",
+    "ProducerState",
+    "Decision",
+    "last_sequence",
+    "check_batch",
+    "accept_batch",
+    "register_epoch",
+    "producer_to_json",
+    "producer_from_json",
+]
+
+SEQUENCE_MODULUS = 2**31
+WINDOW = 5
+
+
+def last_sequence(first_sequence: int, count: int) -> int:
+    """The sequence of a batch's last record; sequences wrap after 2^31 - 1."""
+    return (first_sequence + count - 1) % SEQUENCE_MODULUS
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """What the producer window remembers of an accepted batch."""
+
+    first_sequence: int
+    last_sequence: int
+    first_offset: int
+    last_offset: int
+    timestamp_ms: int
+
+
+@dataclass
+class PartitionProducerState:
+    """One producer's state on one partition."""
+
+    epoch: int
+    last_ms: int
+    batches: list[BatchMeta] = field(default_factory=list)
+
+
+@dataclass
+class ProducerState:
+    """One producer's state: its newest epoch and its per-partition windows."""
+
+    producer_id: int
+    epoch: int
+    last_ms: int
+    partitions: dict[int, PartitionProducerState] = field(default_factory=dict)
+
+    def expired(self, now_ms: int, expiration_ms: int) -> bool:
+        """Whether the producer has been idle longer than ``expiration_ms`` at ``now_ms``."""
+        return now_ms - self.last_ms > expiration_ms
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of checking a batch: accept it, or it duplicates ``duplicate_of``."""
+
+    accept: bool
+    duplicate_of: BatchMeta | None = None
+
+
+def check_batch(
+    state: ProducerState | None,
+    partition: int,
+    epoch: int,
+    first_sequence: int,
+    count: int,
+    now_ms: int,
+    expiration_ms: int,
+) -> Decision:
+    """Decide a batch under the rules above; raises a :class:`ProducerError` subclass when refused."""
+    if count < 1:
+        raise ProducerError("a batch holds at least one record")
+    if not 0 <= first_sequence < SEQUENCE_MODULUS:
+        raise OutOfOrderSequenceError(f"base_sequence {first_sequence} outside [0, 2^31)")
+    if state is None or state.expired(now_ms, expiration_ms):
+        return Decision(accept=True)
+    if epoch < state.epoch:
+        raise ProducerFencedError(
+            f"producer {state.producer_id} epoch {epoch} is older than the current epoch {state.epoch}"
+        )
+    part = state.partitions.get(partition)
+    if part is None or now_ms - part.last_ms > expiration_ms:
+        if epoch > state.epoch and first_sequence != 0:
+            raise OutOfOrderSequenceError(
+                f"producer {state.producer_id}: a new epoch {epoch} must start at sequence 0, "
+                f"got {first_sequence}"
+            )
+        return Decision(accept=True)
+    if epoch < part.epoch:
+        raise ProducerFencedError(
+            f"producer {state.producer_id} epoch {epoch} is older than {part.epoch} on partition {partition}"
+        )
+    if epoch > part.epoch:
+        if first_sequence != 0:
+            raise OutOfOrderSequenceError(
+                f"producer {state.producer_id}: a new epoch {epoch} must start at sequence 0, "
+                f"got {first_sequence}"
+            )
+        return Decision(accept=True)
+    last = last_sequence(first_sequence, count)
+    for meta in part.batches:
+        if meta.first_sequence == first_sequence and meta.last_sequence == last:
+            return Decision(accept=False, duplicate_of=meta)
+    expected = (part.batches[-1].last_sequence + 1) % SEQUENCE_MODULUS if part.batches else 0
+    if first_sequence != expected:
+        raise OutOfOrderSequenceError(
+            f"producer {state.producer_id} partition {partition}: expected sequence {expected}, "
+            f"got {first_sequence}"
+        )
+    return Decision(accept=True)
+
+
+def accept_batch(
+    state: ProducerState | None,
+    producer_id: int,
+    partition: int,
+    epoch: int,
+    meta: BatchMeta,
+    now_ms: int,
+    expiration_ms: int,
+) -> ProducerState:
+    """The state after accepting ``meta`` (a batch :func:`check_batch` accepted)."""
+    if state is None or state.expired(now_ms, expiration_ms):
+        state = ProducerState(producer_id, epoch, now_ms)
+    state.epoch = max(state.epoch, epoch)
+    state.last_ms = max(state.last_ms, now_ms)
+    part = state.partitions.get(partition)
+    if part is None or part.epoch != epoch or now_ms - part.last_ms > expiration_ms:
+        part = PartitionProducerState(epoch, now_ms)
+        state.partitions[partition] = part
+    part.batches.append(meta)
+    del part.batches[:-WINDOW]
+    part.last_ms = max(part.last_ms, now_ms)
+    return state
+
+
+def register_epoch(
+    state: ProducerState | None, producer_id: int, epoch: int, now_ms: int, expiration_ms: int
+) -> ProducerState:
+    """The state after a producer registered ``epoch``; an older epoch is fenced."""
+    if state is None or state.expired(now_ms, expiration_ms):
+        return ProducerState(producer_id, epoch, now_ms)
+    if epoch < state.epoch:
+        raise ProducerFencedError(
+            f"producer {producer_id} epoch {epoch} is older than the current epoch {state.epoch}"
+        )
+    state.epoch = epoch
+    state.last_ms = max(state.last_ms, now_ms)
+    return state
+
+
+def producer_to_json(state: ProducerState) -> dict[str, Any]:
+    """A JSON object of ``state`` (for the metadata cache and checkpoints)."""
+    return {
+        "id": state.producer_id,
+        "epoch": state.epoch,
+        "last_ms": state.last_ms,
+        "parts": {
+            str(p): {
+                "epoch": s.epoch,
+                "last_ms": s.last_ms,
+                "batches": [
+                    [b.first_sequence, b.last_sequence, b.first_offset, b.last_offset, b.timestamp_ms]
+                    for b in s.batches
+                ],
+            }
+            for p, s in sorted(state.partitions.items())
+        },
+    }
+
+
+def producer_from_json(obj: dict[str, Any]) -> ProducerState:
+    """The state of :func:`producer_to_json`."""
+    return ProducerState(
+        producer_id=int(obj["id"]),
+        epoch=int(obj["epoch"]),
+        last_ms=int(obj["last_ms"]),
+        partitions={
+            int(p): PartitionProducerState(
+                int(s["epoch"]), int(s["last_ms"]), [BatchMeta(*map(int, b)) for b in s["batches"]]
+            )
+            for p, s in obj["parts"].items()
+        },
+    )

@@ -1,0 +1,107 @@
+"""Reading batches from data files: one ranged read each, verified, through a bounded cache."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from kvlog.errors import CorruptDataError
+from kvlog.format.bitmap import decode_offsets
+from kvlog.format.datafile import BatchLocation, decode_batch
+from kvlog.log.records import Record
+from kvlog.storage.base import Storage
+
+__all__ = ["BatchCache", "location_of", "records_of_batch"]
+
+
+def location_of(batch: dict[str, Any]) -> BatchLocation:
+    """The :class:`BatchLocation` of a resolved batch of the metadata cache."""
+    return BatchLocation(
+        batch["pos"], batch["len"], batch["crc"], batch["n"], batch["bytes"], batch["ts"][0], batch["ts"][1]
+    )
+
+
+class BatchCache:
+    """Decoded record batches by (path, position), bounded by their Arrow size in bytes."""
+
+    def __init__(self, storage: Storage, max_bytes: int) -> None:
+        self._storage = storage
+        self._max = max_bytes
+        self._items: OrderedDict[tuple[str, int], pa.RecordBatch] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, batch: dict[str, Any]) -> pa.RecordBatch:
+        """The record batch stored for ``batch`` (a resolved batch of the metadata cache)."""
+        key = (batch["path"], batch["pos"])
+        with self._lock:
+            cached = self._items.get(key)
+            if cached is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return cached
+            self.misses += 1
+        location = location_of(batch)
+        try:
+            data = self._storage.read_range(batch["path"], location.position, location.length)
+        except FileNotFoundError:
+            raise CorruptDataError(batch["path"], "data file is missing") from None
+        record_batch = decode_batch(batch["path"], data, location)
+        self.put(key, record_batch)
+        return record_batch
+
+    def put(self, key: tuple[str, int], record_batch: pa.RecordBatch) -> None:
+        """Remember a decoded batch (evicting the least recently used past the bound)."""
+        size = record_batch.nbytes
+        if size > self._max:
+            return
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = record_batch
+            self._bytes += size
+            while self._bytes > self._max and self._items:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= old.nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+
+def records_of_batch(
+    batch: dict[str, Any], partition: int, record_batch: pa.RecordBatch,
+    from_offset: int = 0, to_offset: int | None = None,
+) -> Iterator[Record]:
+    """The live records of a resolved batch in offset order, within ``[from_offset, to_offset)``."""
+    base = int(batch["base"])
+    keys = record_batch.column(0).to_pylist()
+    values = record_batch.column(1).to_pylist()
+    stamps = record_batch.column(2).to_pylist()
+    present = batch.get("present")
+    if present is None:
+        offsets: Any = range(base, base + len(keys))
+    else:
+        bitmap = decode_offsets(batch["path"], present)
+        if len(bitmap) != len(keys):
+            raise CorruptDataError(batch["path"], "offset bitmap and batch disagree on the record count")
+        offsets = (base + rel for rel in bitmap)
+    for i, offset in enumerate(offsets):
+        if offset < from_offset:
+            continue
+        if to_offset is not None and offset >= to_offset:
+            return
+        yield Record(partition, offset, stamps[i], keys[i], values[i])
+
+

@@ -1,0 +1,126 @@
+"""Records, append results, and the validation every write goes through."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from kvlog.errors import InvalidRecordError
+
+__all__ = [
+    "Record",
+    "AppendResult",
+    "partition_for_key",
+    "to_key",
+    "to_value",
+    "validate_records",
+    "ValidRecords",
+]
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record of the log; ``value`` None is a tombstone."""
+
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes
+    value: bytes | None
+
+    @property
+    def is_tombstone(self) -> bool:
+        """Whether the record deletes its key."""
+        return self.value is None
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """Offsets a producer append got; ``duplicate`` when it repeated an earlier batch."""
+
+    base_offset: int
+    last_offset: int
+    duplicate: bool = False
+
+
+def partition_for_key(key: bytes, partitions: int) -> int:
+    """The partition of ``key``: XXH3-64 of the key bytes (seed 0) modulo the partition count.
+
+    Stable across processes, machines and versions; documented in the format spec.
+    """
+    return xxhash.xxh3_64_intdigest(key) % partitions
+
+
+def to_key(key: Any, max_key_bytes: int) -> bytes:
+    """``key`` as bytes, or ``InvalidRecordError``: not None, bytes-like or str, not empty, not too long."""
+    if isinstance(key, bytes):
+        out = key
+    elif isinstance(key, str):
+        out = key.encode("utf-8")
+    elif isinstance(key, bytearray | memoryview):
+        out = bytes(key)
+    elif key is None:
+        raise InvalidRecordError("a key may not be None")
+    else:
+        raise InvalidRecordError(f"a key must be bytes or str, not {type(key).__name__}")
+    if not out:
+        raise InvalidRecordError("a key may not be empty")
+    if len(out) > max_key_bytes:
+        raise InvalidRecordError(f"a key of {len(out)} bytes is larger than max_key_bytes={max_key_bytes}")
+    return out
+
+
+def to_value(value: Any) -> bytes:
+    """``value`` as bytes, or ``InvalidRecordError`` (None is not a value: use delete)."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if value is None:
+        raise InvalidRecordError("a value may not be None (use delete to remove a key)")
+    raise InvalidRecordError(f"a value must be bytes or str, not {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class ValidRecords:
+    """A validated batch: parallel lists of keys, values (None = tombstone) and timestamps."""
+
+    keys: list[bytes]
+    values: list[bytes | None]
+    timestamps: list[int]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def validate_records(
+    records: Iterable[Sequence[Any]], *, default_timestamp: int, max_key_bytes: int, max_record_bytes: int
+) -> ValidRecords:
+    """Validate ``(key, value_or_None[, timestamp_ms])`` tuples; the first bad one rejects all."""
+    keys: list[bytes] = []
+    values: list[bytes | None] = []
+    stamps: list[int] = []
+    for i, item in enumerate(records):
+        if not isinstance(item, tuple | list) or len(item) not in (2, 3):
+            raise InvalidRecordError(f"record {i}: expected (key, value) or (key, value, timestamp_ms)")
+        key = to_key(item[0], max_key_bytes)
+        value = None if item[1] is None else to_value(item[1])
+        ts = item[2] if len(item) == 3 else default_timestamp
+        if not isinstance(ts, int) or isinstance(ts, bool) or not -(2**63) <= ts < 2**63:
+            raise InvalidRecordError(f"record {i}: timestamp_ms must be a 64-bit integer")
+        size = len(key) + (len(value) if value is not None else 0)
+        if size > max_record_bytes:
+            raise InvalidRecordError(
+                f"record {i}: {size} bytes is larger than max_record_bytes={max_record_bytes}"
+            )
+        keys.append(key)
+        values.append(value)
+        stamps.append(ts)
+    if not keys:
+        raise InvalidRecordError("a batch holds at least one record")
+    return ValidRecords(keys, values, stamps)

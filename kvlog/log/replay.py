@@ -1,0 +1,225 @@
+"""Deterministic replay: applying one commit to the metadata cache.
+
+Every reader applies the same commits in the same order with the same rules,
+so every reader computes the same offsets, producer windows and live files.
+"Now" for a commit is the largest commit timestamp seen so far, so a writer
+with a slow clock cannot move time backwards for the producer rules.
+
+Invariants checked before anything changes (SlateDB-style, named):
+
+* ``offsets-increase``: an appended batch gets the partition's next offsets;
+* ``replace-inputs-live``: every input of a replace is still live, else the
+  whole replace is refused (it raced another compactor);
+* ``replace-ranges-disjoint``: a replace's output batches of a partition do not
+  overlap the partition's other live batches;
+* ``producer-rules``: see :mod:`kvlog.log.producers`; any refused batch refuses
+  the whole append commit (a write batch is all or nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from kvlog.errors import KvlogError, ProducerError
+from kvlog.format.commit import BatchEntry, Commit, FileEntry
+from kvlog.log.producers import (
+    BatchMeta,
+    ProducerState,
+    accept_batch,
+    check_batch,
+    last_sequence,
+    register_epoch,
+)
+from kvlog.meta.cache import MetaTxn
+
+__all__ = ["ApplySettings", "apply_commit", "resolved_batch", "index_batch"]
+
+#: Supplies the records of an appended batch: (file entry, batch index) -> record batch.
+BatchSource = Callable[[FileEntry, int], pa.RecordBatch]
+
+
+@dataclass(frozen=True)
+class ApplySettings:
+    """The settings replay depends on."""
+
+    producer_id_expiration_ms: int
+    file_delete_delay_ms: int
+    inline_value_bytes: int
+
+
+def resolved_batch(file: FileEntry, batch: BatchEntry, base: int, last: int) -> dict[str, Any]:
+    """The batch-directory value of a live batch."""
+    loc = batch.location
+    out: dict[str, Any] = {
+        "f": file.file_id, "path": file.path, "level": file.level, "p": batch.partition,
+        "pos": loc.position, "len": loc.length, "crc": loc.crc, "n": loc.count,
+        "bytes": loc.data_bytes, "ts": [loc.min_timestamp, loc.max_timestamp],
+        "base": base, "last": last,
+    }
+    if batch.present is not None:
+        out["present"] = batch.present
+    if batch.tombstone_horizon_ms is not None:
+        out["horizon"] = batch.tombstone_horizon_ms
+    return out
+
+
+def index_batch(
+    txn: MetaTxn, partition: int, base: int, record_batch: pa.RecordBatch, inline_limit: int,
+    offsets: list[int] | None = None,
+) -> None:
+    """Point the key index at the records of a live batch (later records win; tombstones delete)."""
+    keys = record_batch.column(0).to_pylist()
+    values = record_batch.column(1).to_pylist()
+    if offsets is None:
+        offsets = list(range(base, base + len(keys)))
+    # The last record of each key in the batch wins.
+    latest = dict(zip(keys, zip(offsets, values, strict=True), strict=True))
+    txn.index_apply(partition, latest, inline_limit)
+
+
+def apply_commit(
+    txn: MetaTxn, commit: Commit, source: BatchSource, settings: ApplySettings
+) -> dict[str, Any]:
+    """Apply ``commit`` (the next version) and return its outcome, which is also stored."""
+    now = max(txn.last_commit_ms(), commit.timestamp_ms)
+    try:
+        if commit.kind == "append":
+            results = _apply_append(txn, commit, source, settings, now)
+        elif commit.kind == "replace":
+            results = _apply_replace(txn, commit, settings, now)
+        else:
+            _apply_producer(txn, commit, settings, now)
+            results = []
+        outcome: dict[str, Any] = {"version": commit.version, "error": None, "results": results}
+    except KvlogError as e:
+        outcome = {"version": commit.version, "error": [type(e).__name__, str(e)], "results": []}
+    txn.set_version(commit.version)
+    txn.set_last_commit_ms(now)
+    txn.put_outcome(commit.commit_id, outcome)
+    return outcome
+
+
+class _Refused(KvlogError):
+    """A replace whose inputs are gone, or that breaks an invariant."""
+
+
+def _apply_append(
+    txn: MetaTxn, commit: Commit, source: BatchSource, settings: ApplySettings, now: int
+) -> list[list[Any]]:
+    exp = settings.producer_id_expiration_ms
+    producers: dict[int, ProducerState | None] = {}
+    ends: dict[int, int] = {}
+    plan: list[tuple[FileEntry, int, BatchEntry, int, int, bool]] = []
+    # Decide every batch first: one refused batch refuses the whole commit.
+    for file in commit.add:
+        for i, batch in enumerate(file.batches):
+            p = batch.partition
+            if p not in ends:
+                ends[p] = int(txn.get_partition(p)["end"])
+            count = batch.location.count
+            pid = batch.producer_id
+            if pid is None:
+                base = ends[p]
+                ends[p] = base + count
+                plan.append((file, i, batch, base, base + count - 1, True))
+                continue
+            if pid not in producers:
+                producers[pid] = txn.get_producer(pid)
+            try:
+                decision = check_batch(producers[pid], p, batch.epoch, batch.base_sequence, count, now, exp)
+            except ProducerError:
+                raise
+            if decision.accept:
+                base = ends[p]
+                ends[p] = base + count
+                meta = BatchMeta(batch.base_sequence, last_sequence(batch.base_sequence, count),
+                                 base, base + count - 1, now)
+                producers[pid] = accept_batch(producers[pid], pid, p, batch.epoch, meta, now, exp)
+                plan.append((file, i, batch, base, base + count - 1, True))
+            else:
+                dup = decision.duplicate_of
+                assert dup is not None
+                plan.append((file, i, batch, dup.first_offset, dup.last_offset, False))
+    # Then write.
+    results: list[list[Any]] = []
+    live_batches: dict[str, list[list[int]]] = {}
+    for file, i, batch, base, last, accepted in plan:
+        results.append([file.file_id, i, "ok" if accepted else "duplicate", base, last])
+        if not accepted:
+            continue
+        txn.put_batch(batch.partition, last, resolved_batch(file, batch, base, last))
+        live_batches.setdefault(file.file_id, []).append([batch.partition, last])
+        index_batch(txn, batch.partition, base, source(file, i), settings.inline_value_bytes)
+    for file in commit.add:
+        if file.file_id in live_batches:
+            txn.put_file(file.file_id, _file_value(file, live_batches[file.file_id], commit.version))
+    for p, end in ends.items():
+        txn.put_partition(p, {"end": end})
+    for state in producers.values():
+        if state is not None:
+            txn.put_producer(state)
+    return results
+
+
+def _file_value(file: FileEntry, batches: list[list[int]], version: int) -> dict[str, Any]:
+    return {"path": file.path, "level": file.level, "size": file.size, "crc": file.crc,
+            "batches": batches, "version": version}
+
+
+def _apply_replace(txn: MetaTxn, commit: Commit, settings: ApplySettings, now: int) -> list[list[Any]]:
+    inputs = []
+    for file_id in commit.remove:
+        entry = txn.get_file(file_id)
+        if entry is None:
+            raise _Refused(f"replace-inputs-live: input file {file_id} is no longer live")
+        inputs.append((file_id, entry))
+    removed: set[tuple[int, int]] = set()
+    for _file_id, entry in inputs:
+        for p, last in entry["batches"]:
+            removed.add((p, last))
+    # replace-ranges-disjoint: outputs may not overlap batches that stay live.
+    for file in commit.add:
+        for batch in file.batches:
+            if batch.base_offset is None or batch.last_offset is None:
+                raise _Refused("replace output batches carry explicit offsets")
+            for other in txn.iter_batches(batch.partition, batch.base_offset):
+                if other["base"] > batch.last_offset:
+                    break
+                if (batch.partition, other["last"]) not in removed:
+                    raise _Refused(
+                        f"replace-ranges-disjoint: partition {batch.partition} offsets "
+                        f"{batch.base_offset}..{batch.last_offset} overlap a live batch"
+                    )
+    for file_id, entry in inputs:
+        for p, last in entry["batches"]:
+            txn.delete_batch(p, last)
+        txn.delete_file(file_id)
+        txn.put_pending(entry["path"], now + settings.file_delete_delay_ms)
+    results: list[list[Any]] = []
+    for file in commit.add:
+        batches = []
+        for i, batch in enumerate(file.batches):
+            assert batch.base_offset is not None and batch.last_offset is not None
+            txn.put_batch(batch.partition, batch.last_offset,
+                          resolved_batch(file, batch, batch.base_offset, batch.last_offset))
+            batches.append([batch.partition, batch.last_offset])
+            results.append([file.file_id, i, "ok", batch.base_offset, batch.last_offset])
+        if batches:
+            txn.put_file(file.file_id, _file_value(file, batches, commit.version))
+    for p, state in (commit.info.get("cleaner") or {}).items():
+        txn.put_cleaner(int(p), state)
+    return results
+
+
+def _apply_producer(txn: MetaTxn, commit: Commit, settings: ApplySettings, now: int) -> None:
+    if commit.producer_id is None or commit.epoch is None:
+        raise _Refused("producer commit without producer id and epoch")
+    state = register_epoch(
+        txn.get_producer(commit.producer_id), commit.producer_id, commit.epoch, now,
+        settings.producer_id_expiration_ms,
+    )
+    txn.put_producer(state)

@@ -1,0 +1,359 @@
+"""The metadata cache: typed access to the named LMDB databases.
+
+Databases (all rebuildable from the storage root):
+
+``meta``      applied version, last commit time, store uuid, this cache's producer id
+``files``     live data files: file id -> file entry with resolved offsets
+``batches``   the batch directory: (partition, last offset) -> resolved batch
+``parts``     partition -> start and end offsets
+``producers`` producer id -> producer state (epoch and 5-batch windows)
+``outcomes``  commit id -> what applying it decided for each batch
+``pending``   data-file path -> time after which it may be deleted
+``index``     key -> (partition, offset[, inline value])
+``cleaner``   partition -> cleaner checkpoint and state
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import lmdb
+
+from kvlog.log.producers import ProducerState, producer_from_json, producer_to_json
+from kvlog.meta.env import LmdbEnv
+from kvlog.meta.keys import DIRECT_KEY_BYTES, encode_index_key, is_long_encoded
+
+__all__ = ["IndexEntry", "MetaTxn", "MetaReader", "prefix_successor"]
+
+_BATCH_KEY = struct.Struct(">HQ")
+_PART_KEY = struct.Struct(">H")
+_PID_KEY = struct.Struct(">Q")
+_U64 = struct.Struct(">Q")
+_INDEX_HEAD = struct.Struct(">HQB")
+_KEYLEN = struct.Struct(">I")
+_INLINE = 1
+_LONG = 2
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """Where a key's latest value is: its partition and offset, and the value itself when inlined."""
+
+    partition: int
+    offset: int
+    inline: bytes | None
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def prefix_successor(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with ``prefix`` (None: no such key)."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        return None
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
+def _decode_index(lmdb_key: bytes, value: bytes) -> tuple[bytes, IndexEntry]:
+    partition, offset, flags = _INDEX_HEAD.unpack_from(value)
+    pos = _INDEX_HEAD.size
+    key = lmdb_key
+    if flags & _LONG:
+        (n,) = _KEYLEN.unpack_from(value, pos)
+        key = bytes(value[pos + 4 : pos + 4 + n])
+        pos += 4 + n
+    inline = bytes(value[pos:]) if flags & _INLINE else None
+    return key, IndexEntry(partition, offset, inline)
+
+
+class MetaReader:
+    """Reads within one LMDB transaction (a consistent snapshot)."""
+
+    def __init__(self, env: LmdbEnv, txn: lmdb.Transaction) -> None:
+        self._env = env
+        self.txn = txn
+        self._db = env.dbs
+
+    # -- meta ---------------------------------------------------------------------------------
+    def get_meta(self, name: str) -> bytes | None:
+        value = self.txn.get(name.encode(), db=self._db["meta"])
+        return None if value is None else bytes(value)
+
+    def version(self) -> int:
+        """The applied version (0: nothing applied)."""
+        value = self.get_meta("version")
+        return 0 if value is None else int(_U64.unpack(value)[0])
+
+    def last_commit_ms(self) -> int:
+        value = self.get_meta("last_commit_ms")
+        return 0 if value is None else int(_U64.unpack(value)[0])
+
+    # -- partitions ---------------------------------------------------------------------------
+    def get_partition(self, partition: int) -> dict[str, Any]:
+        """``{"start": int, "end": int}``; a new partition starts empty at 0."""
+        value = self.txn.get(_PART_KEY.pack(partition), db=self._db["parts"])
+        return {"start": 0, "end": 0} if value is None else dict(json.loads(value))
+
+    # -- files and batches --------------------------------------------------------------------
+    def get_file(self, file_id: str) -> dict[str, Any] | None:
+        value = self.txn.get(file_id.encode(), db=self._db["files"])
+        return None if value is None else dict(json.loads(value))
+
+    def iter_files(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        with self.txn.cursor(db=self._db["files"]) as cur:
+            for k, v in cur:
+                yield bytes(k).decode(), json.loads(v)
+
+    def find_batch(self, partition: int, offset: int) -> dict[str, Any] | None:
+        """The live batch of ``partition`` whose offset range holds ``offset``, if any."""
+        with self.txn.cursor(db=self._db["batches"]) as cur:
+            if not cur.set_range(_BATCH_KEY.pack(partition, offset)):
+                return None
+            p, _last = _BATCH_KEY.unpack(cur.key())
+            if p != partition:
+                return None
+            batch: dict[str, Any] = json.loads(cur.value())
+            return batch if batch["base"] <= offset else None
+
+    def iter_batches(self, partition: int, from_offset: int = 0) -> Iterator[dict[str, Any]]:
+        """Live batches of ``partition`` in offset order, from the one holding ``from_offset``."""
+        with self.txn.cursor(db=self._db["batches"]) as cur:
+            if not cur.set_range(_BATCH_KEY.pack(partition, from_offset)):
+                return
+            for k, v in cur:
+                p, _last = _BATCH_KEY.unpack(k)
+                if p != partition:
+                    return
+                yield json.loads(v)
+
+    def count_batches(self) -> int:
+        return int(self.txn.stat(self._db["batches"])["entries"])
+
+    # -- producers, outcomes, pending deletions ------------------------------------------------
+    def get_producer(self, producer_id: int) -> ProducerState | None:
+        value = self.txn.get(_PID_KEY.pack(producer_id), db=self._db["producers"])
+        return None if value is None else producer_from_json(json.loads(value))
+
+    def iter_producers(self) -> Iterator[ProducerState]:
+        with self.txn.cursor(db=self._db["producers"]) as cur:
+            for _k, v in cur:
+                yield producer_from_json(json.loads(v))
+
+    def get_outcome(self, commit_id: str) -> dict[str, Any] | None:
+        value = self.txn.get(commit_id.encode(), db=self._db["outcomes"])
+        return None if value is None else dict(json.loads(value))
+
+    def iter_pending(self) -> Iterator[tuple[str, int]]:
+        with self.txn.cursor(db=self._db["pending"]) as cur:
+            for k, v in cur:
+                yield bytes(k).decode(), int(_U64.unpack(v)[0])
+
+    def get_cleaner(self, partition: int) -> dict[str, Any]:
+        value = self.txn.get(_PART_KEY.pack(partition), db=self._db["cleaner"])
+        return {} if value is None else dict(json.loads(value))
+
+    # -- key index ----------------------------------------------------------------------------
+    def index_get(self, key: bytes) -> IndexEntry | None:
+        value = self.txn.get(encode_index_key(key), db=self._db["index"])
+        if value is None:
+            return None
+        return _decode_index(encode_index_key(key), value)[1]
+
+    def index_count(self) -> int:
+        return int(self.txn.stat(self._db["index"])["entries"])
+
+    def index_scan(
+        self,
+        start: bytes | None = None,
+        stop: bytes | None = None,
+        prefix: bytes | None = None,
+        reverse: bool = False,
+    ) -> Iterator[tuple[bytes, IndexEntry]]:
+        """Index entries in true key order (or reverse), ``start <= key < stop``, with ``prefix``."""
+        lower = start
+        upper = stop
+        if prefix:
+            lower = prefix if lower is None or lower < prefix else lower
+            successor = prefix_successor(prefix)
+            if successor is not None and (upper is None or successor < upper):
+                upper = successor
+        if lower is not None and upper is not None and lower >= upper:
+            return
+        with self.txn.cursor(db=self._db["index"]) as cur:
+            entries = self._walk_reverse(cur, upper) if reverse else self._walk_forward(cur, lower)
+            for key, entry in entries:
+                if reverse:
+                    if upper is not None and key >= upper:
+                        continue
+                    if lower is not None and key < lower:
+                        return
+                else:
+                    if lower is not None and key < lower:
+                        continue
+                    if upper is not None and key >= upper:
+                        return
+                if prefix and not key.startswith(prefix):
+                    continue
+                yield key, entry
+
+    @staticmethod
+    def _walk_forward(cur: lmdb.Cursor, lower: bytes | None) -> Iterator[tuple[bytes, IndexEntry]]:
+        if lower is None:
+            found = cur.first()
+        else:
+            found = cur.set_range(lower[:DIRECT_KEY_BYTES])
+        if not found:
+            return
+        yield from _sorted_runs(cur, forward=True)
+
+    @staticmethod
+    def _walk_reverse(cur: lmdb.Cursor, upper: bytes | None) -> Iterator[tuple[bytes, IndexEntry]]:
+        if upper is None:
+            found = cur.last()
+        elif not cur.set_range(upper[:DIRECT_KEY_BYTES]):
+            found = cur.last()
+        elif len(upper) <= DIRECT_KEY_BYTES:
+            found = cur.prev()
+        else:
+            # Long keys sharing the first bytes of ``upper`` may sort on either side of it:
+            # start past all of them; the caller filters by the real keys.
+            probe = upper[:DIRECT_KEY_BYTES]
+            while True:
+                k = bytes(cur.key())
+                if not (k == probe or (is_long_encoded(k) and k.startswith(probe))):
+                    found = cur.prev()
+                    break
+                if not cur.next():
+                    found = cur.last()
+                    break
+        if not found:
+            return
+        yield from _sorted_runs(cur, forward=False)
+
+
+def _sorted_runs(cur: lmdb.Cursor, *, forward: bool) -> Iterator[tuple[bytes, IndexEntry]]:
+    """Entries from the cursor's position onward, with runs of long keys sorted by real key."""
+    step = cur.next if forward else cur.prev
+    run: list[tuple[bytes, IndexEntry]] = []
+    run_prefix = b""
+    while True:
+        lmdb_key = bytes(cur.key())
+        key, entry = _decode_index(lmdb_key, cur.value())
+        if is_long_encoded(lmdb_key):
+            head = lmdb_key[:DIRECT_KEY_BYTES]
+            if run and head != run_prefix:
+                yield from sorted(run, reverse=not forward)
+                run = []
+            run_prefix = head
+            run.append((key, entry))
+        else:
+            if run:
+                yield from sorted(run, reverse=not forward)
+                run = []
+            yield key, entry
+        if not step():
+            break
+    if run:
+        yield from sorted(run, reverse=not forward)
+
+
+class MetaTxn(MetaReader):
+    """Reads and writes within one LMDB write transaction."""
+
+    def put_meta(self, name: str, value: bytes) -> None:
+        self.txn.put(name.encode(), value, db=self._db["meta"])
+
+    def set_version(self, version: int) -> None:
+        self.put_meta("version", _U64.pack(version))
+
+    def set_last_commit_ms(self, ms: int) -> None:
+        self.put_meta("last_commit_ms", _U64.pack(max(ms, 0)))
+
+    def put_partition(self, partition: int, info: dict[str, Any]) -> None:
+        self.txn.put(_PART_KEY.pack(partition), _dumps(info), db=self._db["parts"])
+
+    def put_file(self, file_id: str, entry: dict[str, Any]) -> None:
+        self.txn.put(file_id.encode(), _dumps(entry), db=self._db["files"])
+
+    def delete_file(self, file_id: str) -> None:
+        self.txn.delete(file_id.encode(), db=self._db["files"])
+
+    def put_batch(self, partition: int, last_offset: int, batch: dict[str, Any]) -> None:
+        self.txn.put(_BATCH_KEY.pack(partition, last_offset), _dumps(batch), db=self._db["batches"])
+
+    def delete_batch(self, partition: int, last_offset: int) -> None:
+        self.txn.delete(_BATCH_KEY.pack(partition, last_offset), db=self._db["batches"])
+
+    def put_producer(self, state: ProducerState) -> None:
+        self.txn.put(
+            _PID_KEY.pack(state.producer_id), _dumps(producer_to_json(state)), db=self._db["producers"]
+        )
+
+    def delete_producer(self, producer_id: int) -> None:
+        self.txn.delete(_PID_KEY.pack(producer_id), db=self._db["producers"])
+
+    def put_outcome(self, commit_id: str, outcome: dict[str, Any]) -> None:
+        self.txn.put(commit_id.encode(), _dumps(outcome), db=self._db["outcomes"])
+
+    def prune_outcomes(self, below_version: int) -> None:
+        """Forget outcomes of commits older than ``below_version``."""
+        with self.txn.cursor(db=self._db["outcomes"]) as cur:
+            stale = [bytes(k) for k, v in cur if json.loads(v)["version"] < below_version]
+        for k in stale:
+            self.txn.delete(k, db=self._db["outcomes"])
+
+    def put_pending(self, path: str, due_ms: int) -> None:
+        self.txn.put(path.encode(), _U64.pack(due_ms), db=self._db["pending"])
+
+    def delete_pending(self, path: str) -> None:
+        self.txn.delete(path.encode(), db=self._db["pending"])
+
+    def put_cleaner(self, partition: int, state: dict[str, Any]) -> None:
+        self.txn.put(_PART_KEY.pack(partition), _dumps(state), db=self._db["cleaner"])
+
+    def index_put(self, key: bytes, partition: int, offset: int, inline: bytes | None) -> None:
+        lmdb_key = encode_index_key(key)
+        flags = (_INLINE if inline is not None else 0) | (_LONG if len(key) > DIRECT_KEY_BYTES else 0)
+        parts = [_INDEX_HEAD.pack(partition, offset, flags)]
+        if flags & _LONG:
+            parts += [_KEYLEN.pack(len(key)), key]
+        if inline is not None:
+            parts.append(inline)
+        self.txn.put(lmdb_key, b"".join(parts), db=self._db["index"])
+
+    def index_apply(
+        self, partition: int, latest: dict[bytes, tuple[int, bytes | None]], inline_limit: int
+    ) -> None:
+        """Point many keys of ``partition`` at ``(offset, value)``; a None value deletes the key."""
+        head = _INDEX_HEAD.pack
+        puts: list[tuple[bytes, bytes]] = []
+        db = self._db["index"]
+        for key, (offset, value) in latest.items():
+            if value is None:
+                self.txn.delete(encode_index_key(key), db=db)
+            elif len(key) > DIRECT_KEY_BYTES:
+                self.index_put(key, partition, offset, value if len(value) <= inline_limit else None)
+            elif len(value) <= inline_limit:
+                puts.append((key, head(partition, offset, _INLINE) + value))
+            else:
+                puts.append((key, head(partition, offset, 0)))
+        if puts:
+            puts.sort()
+            with self.txn.cursor(db=db) as cur:
+                cur.putmulti(puts)
+
+    def index_delete(self, key: bytes) -> None:
+        self.txn.delete(encode_index_key(key), db=self._db["index"])
+
+    def clear(self, *, keep_index: bool = False) -> None:
+        """Empty every database (the index too unless ``keep_index``)."""
+        for name, db in self._db.items():
+            if keep_index and name == "index":
+                continue
+            self.txn.drop(db, delete=False)

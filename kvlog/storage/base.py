@@ -1,0 +1,147 @@
+"""The storage contract every backend fulfils.
+
+Names are ``/``-separated relative paths such as ``log/00000000000000000001.json``.
+Keys and values never become names (DESIGN §10.9). The contract:
+
+* :meth:`Storage.read`, :meth:`Storage.read_range`, :meth:`Storage.stat` raise
+  :class:`FileNotFoundError` for a missing object;
+* :meth:`Storage.put_if_absent` is the commit point: it makes the whole object
+  visible atomically, or raises :class:`FileExistsError` when the name exists;
+* :meth:`Storage.delete` of a missing object is not an error;
+* everything else the backend fails with is a :class:`~kvlog.errors.StorageError`
+  that chains the cause. A ``StorageError`` from a write does not say whether
+  the write happened: callers that must know read back.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvlog.errors import StorageError
+
+__all__ = ["ObjectInfo", "ForwardStream", "Storage", "check_name", "BytesLike"]
+
+BytesLike = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What :meth:`Storage.stat` and :meth:`Storage.list` report of one object."""
+
+    name: str
+    size: int
+    mtime_ms: int
+
+
+class ForwardStream(Protocol):
+    """A read-only stream over one object that only moves forward (one request on object stores)."""
+
+    @property
+    def position(self) -> int:
+        """Offset of the next byte :meth:`read` returns."""
+        ...
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes; fewer only at the end of the object."""
+        ...
+
+    def skip_to(self, position: int) -> None:
+        """Move forward to ``position``; raises ``ValueError`` if it lies behind."""
+        ...
+
+    def close(self) -> None:
+        """Release the underlying file or connection."""
+        ...
+
+
+class Storage(ABC):
+    """A flat namespace of immutable-by-convention objects under one root.
+
+    Each instance counts its requests by kind in :attr:`requests` (``get``,
+    ``range_get``, ``stream``, ``put``, ``put_if_absent``, ``stat``, ``list``,
+    ``delete``), so tests and benchmarks can measure I/O instead of assuming it.
+    """
+
+    #: The URI this storage was opened from (never with credentials).
+    uri: str
+
+    def __init__(self) -> None:
+        self.requests: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
+
+    def _count(self, kind: str) -> None:
+        with self._count_lock:
+            self.requests[kind] += 1
+
+    @abstractmethod
+    def read(self, name: str) -> bytes:
+        """The whole object. Raises ``FileNotFoundError``."""
+
+    @abstractmethod
+    def read_range(self, name: str, start: int, length: int) -> bytes:
+        """``length`` bytes from ``start`` (fewer at the end of the object). Raises ``FileNotFoundError``."""
+
+    @abstractmethod
+    def open_stream(self, name: str, start: int = 0) -> ForwardStream:
+        """A forward-only stream from ``start``. Raises ``FileNotFoundError``."""
+
+    @abstractmethod
+    def put_if_absent(self, name: str, data: BytesLike) -> None:
+        """Create ``name`` atomically; raises ``FileExistsError`` if it exists (then nothing changes)."""
+
+    @abstractmethod
+    def put(self, name: str, data: BytesLike) -> None:
+        """Create or replace ``name``; readers see the old or the new object whole, never a mix."""
+
+    @abstractmethod
+    def stat(self, name: str) -> ObjectInfo:
+        """Size and modification time. Raises ``FileNotFoundError``."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object whose name starts with ``prefix``, sorted by name."""
+
+    @abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove ``name``; a missing object is not an error."""
+
+    def exists(self, name: str) -> bool:
+        """Whether ``name`` exists."""
+        try:
+            self.stat(name)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def iter_names(self, prefix: str = "") -> Iterator[str]:
+        """Names of :meth:`list`, in order."""
+        for info in self.list(prefix):
+            yield info.name
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
+        """Release clients and connections; the object may not be used afterwards."""
+
+    def crash_point(self, step: str) -> None:  # noqa: B027 - a hook only FaultyStorage uses
+        """Library code reached the named ``step`` of a flow (e.g. ``"after_data_write"``).
+
+        Does nothing here; :class:`kvlog.storage.faulty.FaultyStorage` may raise
+        ``SimulatedCrash`` at it, so tests can crash a flow between its steps.
+        """
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.uri!r})"
+
+
+def check_name(name: str) -> str:
+    """Validate an object name: relative, ``/``-separated, no empty, ``.`` or ``..`` parts."""
+    if not isinstance(name, str) or not name:
+        raise StorageError(f"invalid object name {name!r}")
+    parts = name.split("/")
+    if name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise StorageError(f"invalid object name {name!r}")
+    return name

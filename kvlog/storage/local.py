@@ -1,0 +1,204 @@
+"""Local-directory storage: durable writes with fsync, atomic creation with ``link``.
+
+``put`` writes a temporary file, fsyncs it, renames it over the name and fsyncs
+the directory, so a crash leaves the old or the new object. ``put_if_absent``
+writes and fsyncs a temporary file and then hard-links it to the name: ``link``
+fails with ``EEXIST`` atomically when the name exists, and the object appears
+whole or not at all (``O_EXCL`` alone could expose a half-written file).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from pathlib import Path
+from typing import BinaryIO
+
+from kvlog.errors import StorageError
+from kvlog.storage.base import BytesLike, ObjectInfo, Storage, check_name
+
+__all__ = ["LocalStorage", "LocalStream"]
+
+_TMP_MARK = ".tmp-kvlog."
+
+
+class LocalStream:
+    """A forward-only stream over a local file."""
+
+    def __init__(self, handle: BinaryIO, start: int) -> None:
+        self._handle = handle
+        self._handle.seek(start)
+        self._position = start
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    def read(self, n: int) -> bytes:
+        data = self._handle.read(n)
+        self._position += len(data)
+        return data
+
+    def skip_to(self, position: int) -> None:
+        if position < self._position:
+            raise ValueError(f"stream is at {self._position}, cannot go back to {position}")
+        self._handle.seek(position)
+        self._position = position
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+class LocalStorage(Storage):
+    """Objects as files under a root directory."""
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        super().__init__()
+        self.root = Path(root).absolute()
+        self.uri = self.root.as_uri()
+        self.fsync = fsync
+        self._tmp_counter = itertools.count()
+        self._tmp_lock = threading.Lock()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"cannot create the store directory {self.root}: {e}") from e
+
+    def _path(self, name: str) -> Path:
+        return self.root / check_name(name)
+
+    def _tmp_path(self, final: Path) -> Path:
+        with self._tmp_lock:
+            n = next(self._tmp_counter)
+        return final.with_name(f"{_TMP_MARK}{final.name}.{os.getpid()}.{threading.get_ident()}.{n}")
+
+    def _write_tmp(self, final: Path, data: BytesLike) -> Path:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._tmp_path(final)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data).cast("B")
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            if self.fsync:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        return tmp
+
+    def _sync_dir(self, directory: Path) -> None:
+        if not self.fsync:
+            return
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read(self, name: str) -> bytes:
+        self._count("get")
+        try:
+            return self._path(name).read_bytes()
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise StorageError(f"cannot read {name}: {e}") from e
+
+    def read_range(self, name: str, start: int, length: int) -> bytes:
+        if start < 0 or length < 0:
+            raise ValueError("start and length must be >= 0")
+        self._count("range_get")
+        try:
+            with open(self._path(name), "rb") as f:
+                f.seek(start)
+                return f.read(length)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise StorageError(f"cannot read {name}: {e}") from e
+
+    def open_stream(self, name: str, start: int = 0) -> LocalStream:
+        self._count("stream")
+        try:
+            return LocalStream(open(self._path(name), "rb"), start)  # noqa: SIM115
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise StorageError(f"cannot open {name}: {e}") from e
+
+    def put_if_absent(self, name: str, data: BytesLike) -> None:
+        self._count("put_if_absent")
+        final = self._path(name)
+        try:
+            if final.exists():
+                raise FileExistsError(name)
+            tmp = self._write_tmp(final, data)
+            try:
+                os.link(tmp, final)
+            finally:
+                tmp.unlink(missing_ok=True)
+            self._sync_dir(final.parent)
+        except FileExistsError:
+            raise FileExistsError(name) from None
+        except OSError as e:
+            raise StorageError(f"cannot create {name}: {e}") from e
+
+    def put(self, name: str, data: BytesLike) -> None:
+        self._count("put")
+        final = self._path(name)
+        try:
+            tmp = self._write_tmp(final, data)
+            os.replace(tmp, final)
+            self._sync_dir(final.parent)
+        except OSError as e:
+            raise StorageError(f"cannot write {name}: {e}") from e
+
+    def stat(self, name: str) -> ObjectInfo:
+        self._count("stat")
+        try:
+            st = self._path(name).stat()
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise StorageError(f"cannot stat {name}: {e}") from e
+        return ObjectInfo(name, st.st_size, st.st_mtime_ns // 1_000_000)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        self._count("list")
+        # Walk only the deepest directory the prefix names.
+        directory, _, _ = prefix.rpartition("/")
+        base = self.root / directory if directory else self.root
+        out: list[ObjectInfo] = []
+        if not base.is_dir():
+            return out
+        try:
+            for dirpath, dirnames, filenames in os.walk(base):
+                dirnames.sort()
+                rel_dir = os.path.relpath(dirpath, self.root)
+                for fname in filenames:
+                    if fname.startswith(_TMP_MARK):
+                        continue
+                    rel = fname if rel_dir == "." else f"{rel_dir}/{fname}".replace(os.sep, "/")
+                    if not rel.startswith(prefix):
+                        continue
+                    try:
+                        st = os.stat(os.path.join(dirpath, fname))
+                    except FileNotFoundError:
+                        continue
+                    out.append(ObjectInfo(rel, st.st_size, st.st_mtime_ns // 1_000_000))
+        except OSError as e:
+            raise StorageError(f"cannot list {prefix!r}: {e}") from e
+        out.sort(key=lambda info: info.name)
+        return out
+
+    def delete(self, name: str) -> None:
+        self._count("delete")
+        try:
+            self._path(name).unlink(missing_ok=True)
+        except OSError as e:
+            raise StorageError(f"cannot delete {name}: {e}") from e

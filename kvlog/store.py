@@ -1,0 +1,369 @@
+"""The ``Store`` facade: a dict-like key-value API over the log.
+
+Reads look in the memtable (this process's unapplied writes), then the LMDB
+key index (an inline value, or one batch read through the bounded cache).
+Writes are buffered and committed by the flusher; see :mod:`kvlog.log.flusher`.
+Every writable store is a producer: opening it bumps its producer's epoch,
+fencing an older process that still holds the same producer id.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any
+
+from kvlog.clock import Clock, IdSource
+from kvlog.config import StoreConfig
+from kvlog.errors import InvalidRecordError, ReadOnlyError, StoreClosedError
+from kvlog.index import TOMBSTONE, MemTable, merge_sorted
+from kvlog.log.flusher import Flusher
+from kvlog.log.log import Log, open_log
+from kvlog.log.records import Record, partition_for_key, to_key, to_value
+from kvlog.meta import IndexEntry, MetaReader, MetaTxn
+from kvlog.storage import Storage
+
+__all__ = ["Store", "WriteBatch", "open_store"]
+
+_MISSING = object()
+
+
+class WriteBatch:
+    """Writes applied together, all or nothing, durable when the ``with`` block exits."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._records: list[tuple[int, bytes, bytes | None, int]] = []
+        self._done = False
+
+    def put(self, key: bytes | str, value: bytes | str) -> None:
+        """Add a put; bad input raises at once and the batch will write nothing."""
+        self._add(key, to_value(value))
+
+    def delete(self, key: bytes | str) -> None:
+        """Add a delete (a tombstone)."""
+        self._add(key, None)
+
+    def _add(self, key: Any, value: bytes | None) -> None:
+        if self._done:
+            raise StoreClosedError("this write batch is finished")
+        self._records.append(self._store._record(key, value))
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __enter__(self) -> WriteBatch:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._done = True
+        if kind is None and self._records:
+            self._store._write(self._records, sync=True)
+
+
+class Store:
+    """An open kvlog store. Create with :func:`kvlog.open`."""
+
+    def __init__(self, log: Log, *, producer_id: int | None = None) -> None:
+        self.log = log
+        self.config = log.config
+        self._clock = log.clock
+        self._memtable = MemTable()
+        self._partitions = log.partitions
+        self._closed = False
+        self._lock = threading.Lock()
+        self._last_refresh = float('-inf')
+        self._flusher: Flusher | None = None
+        if not log.read_only:
+            pid = producer_id if producer_id is not None else self._own_producer_id()
+            producer = log.producer(pid)
+            self._flusher = Flusher(log, producer.producer_id, producer.epoch, self._memtable)
+            if self.config.flush_interval_ms > 0:
+                self._flusher.start()
+
+    def _own_producer_id(self) -> int:
+        raw = self.log.snapshot(lambda r: r.get_meta("store_producer_id"))
+        if raw:
+            return int(raw)
+        fresh = int.from_bytes(self.log.ids.token(8), "big") >> 1
+
+        def claim(txn: Any) -> int:
+            meta = MetaTxn(self.log.env, txn)
+            existing = meta.get_meta("store_producer_id")
+            if existing:
+                return int(existing)
+            meta.put_meta("store_producer_id", str(fresh).encode())
+            return fresh
+
+        return int(self.log.env.write(claim))
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+
+    def _writer(self) -> Flusher:
+        self._check_open()
+        if self._flusher is None:
+            raise ReadOnlyError("the store is open read-only")
+        return self._flusher
+
+    def _record(self, key: Any, value: bytes | None) -> tuple[int, bytes, bytes | None, int]:
+        k = to_key(key, self.config.max_key_bytes)
+        size = len(k) + (len(value) if value is not None else 0)
+        if size > self.config.max_record_bytes:
+            raise InvalidRecordError(
+                f"a record of {size} bytes is larger than max_record_bytes={self.config.max_record_bytes}"
+            )
+        return partition_for_key(k, self._partitions), k, value, self._clock.now_ms()
+
+    def _write(self, records: list[tuple[int, bytes, bytes | None, int]], *, sync: bool) -> None:
+        self._writer().write(records, sync=sync)
+
+    def _maybe_refresh(self) -> None:
+        interval = self.config.refresh_interval_ms
+        now = self._clock.monotonic_s()
+        if now - self._last_refresh >= interval / 1000.0:
+            self._last_refresh = now
+            self.log.refresh()
+
+    # -- writes -----------------------------------------------------------------------------------
+    def put(self, key: bytes | str, value: bytes | str, *, sync: bool = False) -> None:
+        """Set ``key`` to ``value``; with ``sync=True`` return once durable."""
+        partition, k, v, stamp = self._record(key, to_value(value))
+        self._writer().write_one(partition, k, v, stamp, sync=sync)
+
+    def delete(self, key: bytes | str, *, sync: bool = False) -> None:
+        """Delete ``key`` (append a tombstone); deleting a missing key is not an error."""
+        partition, k, v, stamp = self._record(key, None)
+        self._writer().write_one(partition, k, v, stamp, sync=sync)
+
+    def batch(self) -> WriteBatch:
+        """A write batch: ``with store.batch() as b: b.put(...); b.delete(...)``."""
+        self._writer()
+        return WriteBatch(self)
+
+    def flush(self) -> int:
+        """Make every earlier write durable; return the commit version."""
+        self._check_open()
+        if self._flusher is None:
+            return self.log.version
+        return self._flusher.flush()
+
+    def refresh(self) -> int:
+        """Apply commits made by other writers; return the applied version."""
+        self._check_open()
+        self._last_refresh = self._clock.monotonic_s()
+        return self.log.refresh()
+
+    # -- reads ------------------------------------------------------------------------------------
+    def get(self, key: bytes | str, default: Any = None) -> Any:
+        """The value of ``key``, or ``default``."""
+        self._check_open()
+        k = to_key(key, self.config.max_key_bytes)
+        front = self._memtable.get(k)
+        if front is not None:
+            return default if front is TOMBSTONE else front
+        self._maybe_refresh()
+        entry = self.log.snapshot(lambda r: r.index_get(k))
+        if entry is None:
+            return default
+        return self._value_of(entry)
+
+    def _value_of(self, entry: IndexEntry) -> bytes:
+        if entry.inline is not None:
+            return entry.inline
+        batch = self.log.snapshot(lambda r: r.find_batch(entry.partition, entry.offset))
+        if batch is None:
+            from kvlog.errors import CorruptDataError
+
+            raise CorruptDataError(f"partition {entry.partition}", f"offset {entry.offset} is not live")
+        records = self.log.read_batch(batch)
+        position = entry.offset - int(batch["base"])
+        if batch.get("present") is not None:
+            from kvlog.format.bitmap import decode_offsets
+
+            position = decode_offsets(batch["path"], batch["present"]).rank(position) - 1
+        value = records.column(1)[position].as_py()
+        assert isinstance(value, bytes)
+        return value
+
+    def scan(
+        self, start: bytes | str | None = None, stop: bytes | str | None = None, *,
+        prefix: bytes | str | None = None, reverse: bool = False,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` pairs in key order (or reverse), ``start <= key < stop``, over one snapshot."""
+        self._check_open()
+        lo = None if start is None else _bound(start)
+        hi = None if stop is None else _bound(stop)
+        pre = None if prefix is None else _bound(prefix)
+        self._maybe_refresh()
+        # Take the memtable and the LMDB snapshot with no apply in between: one consistent view.
+        with self.log._apply_lock:
+            front = self._memtable.items_in_range(lo, hi, pre)
+            reader = self.log.reader()
+        return self._scan(reader, front, lo, hi, pre, reverse)
+
+    def _scan(
+        self, reader: MetaReader, front: list[Any], lo: bytes | None, hi: bytes | None,
+        pre: bytes | None, reverse: bool,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        try:
+            for key, entry in merge_sorted(reader.index_scan(lo, hi, pre, reverse), front, reverse=reverse):
+                if isinstance(entry, IndexEntry):
+                    yield key, self._value_of(entry)
+                else:
+                    yield key, entry
+        finally:
+            reader.txn.abort()
+
+    def changes(self, partition: int | None = None, from_offset: int = 0) -> Iterator[Record]:
+        """The changelog (durable records) in offset order; all partitions one after another."""
+        self._check_open()
+        self._maybe_refresh()
+        if partition is not None:
+            return self.log.read(partition, from_offset)
+
+        def every() -> Iterator[Record]:
+            for p in range(self.log.partitions):
+                yield from self.log.read(p, from_offset)
+
+        return every()
+
+    # -- dict protocol ----------------------------------------------------------------------------
+    def __getitem__(self, key: bytes | str) -> bytes:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        assert isinstance(value, bytes)
+        return value
+
+    def __setitem__(self, key: bytes | str, value: bytes | str) -> None:
+        self.put(key, value)
+
+    def __delitem__(self, key: bytes | str) -> None:
+        if key not in self:
+            raise KeyError(key)
+        self.delete(key)
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, bytes | str | bytearray | memoryview):
+            return False
+        return self.get(key, _MISSING) is not _MISSING
+
+    def __len__(self) -> int:
+        self._check_open()
+        self._maybe_refresh()
+        with self.log._apply_lock:
+            front = self._memtable.items_in_range(None, None, None)
+            reader = self.log.reader()
+        try:
+            count = reader.index_count()
+            for key, value in front:
+                present = reader.index_get(key) is not None
+                if value is TOMBSTONE and present:
+                    count -= 1
+                elif value is not TOMBSTONE and not present:
+                    count += 1
+            return count
+        finally:
+            reader.txn.abort()
+
+    def __iter__(self) -> Iterator[bytes]:
+        for key, _value in self.scan():
+            yield key
+
+    # -- maintenance ------------------------------------------------------------------------------
+    def check(self) -> list[str]:
+        """Invariants verified against storage; an empty list when the store is consistent."""
+        self._check_open()
+        from kvlog.check import check_store
+
+        return check_store(self.log)
+
+    def stats(self) -> dict[str, Any]:
+        """Counts, sizes, versions, flush and cache state."""
+        self._check_open()
+        from kvlog.check import log_stats
+
+        out = log_stats(self.log)
+        flusher = self._flusher
+        out["memtable_keys"] = len(self._memtable)
+        out["unflushed_bytes"] = flusher.unflushed_bytes if flusher else 0
+        out["flushes"] = flusher.flushes if flusher else 0
+        out["flush_error"] = flusher.last_error if flusher else None
+        out["producer_id"] = flusher.producer_id if flusher else None
+        out["producer_epoch"] = flusher.epoch if flusher else None
+        out["read_only"] = self.log.read_only
+        return out
+
+    def gc(self) -> dict[str, int]:
+        """Delete replaced and orphan data files past their delay, and old commits."""
+        self._check_open()
+        return self.log.gc()
+
+    def close(self, *, flush: bool = True) -> None:
+        """Flush (unless ``flush=False``: unflushed writes are dropped, as in a crash) and release everything."""
+        if self._closed:
+            return
+        try:
+            if self._flusher is not None:
+                self._flusher.stop()
+                if flush:
+                    self._flusher.flush()
+                else:
+                    self._flusher.discard()
+        finally:
+            self._closed = True
+            self.log.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("read-only" if self.log.read_only else "open")
+        return f"Store({self.log.storage.uri!r}, partitions={self.log.partitions}, {state})"
+
+
+def _bound(value: bytes | str) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise InvalidRecordError(f"a key bound must be bytes or str, not {type(value).__name__}")
+
+
+def open_store(
+    uri: str | os.PathLike[str] | Storage,
+    *,
+    partitions: int | None = None,
+    create: bool = True,
+    read_only: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    clock: Clock | None = None,
+    config: StoreConfig | None = None,
+    ids: IdSource | None = None,
+    producer_id: int | None = None,
+    **settings: Any,
+) -> Store:
+    """Open or create a store; see :func:`kvlog.open`."""
+    cfg = StoreConfig.from_settings(config, **settings)
+    if partitions is not None:
+        cfg = StoreConfig.from_settings(cfg, partitions=partitions)
+    the_log = open_log(
+        uri, create=create, partitions=partitions, read_only=read_only, cache_dir=cache_dir,
+        storage_options=storage_options, config=cfg, clock=clock, ids=ids,
+    )
+    try:
+        return Store(the_log, producer_id=producer_id)
+    except BaseException:
+        the_log.close()
+        raise
