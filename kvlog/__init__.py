@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from kvlog.clock import Clock, IdSource, ManualClock, SeededIdSource, SystemClock, SystemIdSource
+from kvlog.compaction import CompactionReport
 from kvlog.config import StoreConfig
 from kvlog.errors import (
     CommitConflictError,
@@ -36,7 +37,7 @@ from kvlog.store import Store, WriteBatch, open_store
 __version__ = "0.1.0"
 
 __all__ = [
-    "AppendResult", "Clock", "CommitConflictError", "CommitStateUnknownError", "ConfigError",
+    "AppendResult", "Clock", "CompactionReport", "CommitConflictError", "CommitStateUnknownError", "ConfigError",
     "CorruptDataError", "IdSource", "InvalidRecordError", "KvlogError", "Log", "ManualClock",
     "OutOfOrderSequenceError", "Producer", "ProducerError", "ProducerFencedError", "ReadOnlyError",
     "Record", "SeededIdSource", "StorageError", "Store", "StoreClosedError", "StoreConfig",

@@ -70,14 +70,20 @@ def check_store(log: Log, *, deep: bool = False) -> list[str]:
 def _check_index(log: Log) -> list[str]:
     """Every index entry points at a live record holding its key and (if inlined) its value."""
     findings: list[str] = []
-    entries = log.snapshot(lambda r: list(r.index_scan()))
+    def every_entry(r: MetaReader) -> list[tuple[bytes, Any]]:
+        return list(r.index_scan())
+
+    entries = log.snapshot(every_entry)
     by_batch: dict[tuple[int, int], list[tuple[bytes, Any]]] = {}
     batches: dict[tuple[int, int], dict[str, Any]] = {}
     for key, entry in entries:
         if log.partition_for(key) != entry.partition:
             findings.append(f"index entry at offset {entry.offset} is in the wrong partition")
             continue
-        batch = log.snapshot(lambda r, e=entry: r.find_batch(e.partition, e.offset))
+        def holder(r: MetaReader, e: Any = entry) -> dict[str, Any] | None:
+            return r.find_batch(e.partition, e.offset)
+
+        batch = log.snapshot(holder)
         if batch is None:
             findings.append(f"index entry of a key points at partition {entry.partition} offset "
                             f"{entry.offset}, which is not live")

@@ -71,6 +71,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compact(args: argparse.Namespace) -> int:
+    with _open(args, create=False) as store:
+        report = store.compact(force=args.force)
+    print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from kvlog.demo import run_demo
 
@@ -106,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_scan)
     store_cmd("stats", "print statistics as JSON").set_defaults(func=_cmd_stats)
     store_cmd("check", "verify the store's invariants").set_defaults(func=_cmd_check)
+    p = store_cmd("compact", "run one compaction job (with a progress bar on a terminal)")
+    p.add_argument("--force", action="store_true", help="clean every partition even if none is eligible")
+    p.set_defaults(func=_cmd_compact)
     p = sub.add_parser("demo", help="the end-to-end demo on a local store")
     p.add_argument("--path", help="store directory (default: a new temporary directory)")
     p.add_argument("--records", type=int, default=1_000_000)

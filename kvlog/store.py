@@ -16,13 +16,14 @@ from types import TracebackType
 from typing import Any
 
 from kvlog.clock import Clock, IdSource
+from kvlog.compaction import CompactionReport, Compactor
 from kvlog.config import StoreConfig
 from kvlog.errors import InvalidRecordError, ReadOnlyError, StoreClosedError
 from kvlog.index import TOMBSTONE, MemTable, merge_sorted
 from kvlog.log.flusher import Flusher
 from kvlog.log.log import Log, open_log
 from kvlog.log.records import Record, partition_for_key, to_key, to_value
-from kvlog.meta import IndexEntry, MetaReader, MetaTxn
+from kvlog.meta import IndexEntry, MetaReader, MetaTxn, index_lookup
 from kvlog.storage import Storage
 
 __all__ = ["Store", "WriteBatch", "open_store"]
@@ -73,16 +74,21 @@ class Store:
         self._clock = log.clock
         self._memtable = MemTable()
         self._partitions = log.partitions
+        self._max_key = self.config.max_key_bytes
         self._closed = False
         self._lock = threading.Lock()
         self._last_refresh = float('-inf')
         self._flusher: Flusher | None = None
+        self._compactor: Compactor | None = None
         if not log.read_only:
             pid = producer_id if producer_id is not None else self._own_producer_id()
             producer = log.producer(pid)
             self._flusher = Flusher(log, producer.producer_id, producer.epoch, self._memtable)
             if self.config.flush_interval_ms > 0:
                 self._flusher.start()
+            self._compactor = Compactor(log)
+            if self.config.background_compaction:
+                self._compactor.start()
 
     def _own_producer_id(self) -> int:
         raw = self.log.snapshot(lambda r: r.get_meta("store_producer_id"))
@@ -162,15 +168,18 @@ class Store:
     # -- reads ------------------------------------------------------------------------------------
     def get(self, key: bytes | str, default: Any = None) -> Any:
         """The value of ``key``, or ``default``."""
-        self._check_open()
-        k = to_key(key, self.config.max_key_bytes)
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        k = key if type(key) is bytes and 0 < len(key) <= self._max_key else to_key(key, self._max_key)
         front = self._memtable.get(k)
         if front is not None:
             return default if front is TOMBSTONE else front
         self._maybe_refresh()
-        entry = self.log.snapshot(lambda r: r.index_get(k))
+        entry = index_lookup(self.log.env, k)
         if entry is None:
             return default
+        if entry.inline is not None:
+            return entry.inline
         return self._value_of(entry)
 
     def _value_of(self, entry: IndexEntry) -> bytes:
@@ -216,6 +225,7 @@ class Store:
                 if isinstance(entry, IndexEntry):
                     yield key, self._value_of(entry)
                 else:
+                    assert isinstance(entry, bytes)
                     yield key, entry
         finally:
             reader.txn.abort()
@@ -252,7 +262,7 @@ class Store:
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, bytes | str | bytearray | memoryview):
             return False
-        return self.get(key, _MISSING) is not _MISSING
+        return self.get(bytes(key) if isinstance(key, bytearray | memoryview) else key, _MISSING) is not _MISSING
 
     def __len__(self) -> int:
         self._check_open()
@@ -298,7 +308,20 @@ class Store:
         out["producer_id"] = flusher.producer_id if flusher else None
         out["producer_epoch"] = flusher.epoch if flusher else None
         out["read_only"] = self.log.read_only
+        out["compaction"] = self._compactor.stats() if self._compactor else None
         return out
+
+    def compact(self, *, force: bool = False, now_ms: int | None = None) -> CompactionReport:
+        """Run one compaction job now (a cleaning round, or an L0 merge) and report it.
+
+        ``force`` runs a cleaning round on every partition holding records even if none is
+        eligible; ``now_ms`` overrides the clock for retention decisions. Durable writes only:
+        call :meth:`flush` first to include buffered ones.
+        """
+        self._check_open()
+        if self._compactor is None:
+            raise ReadOnlyError("the store is open read-only")
+        return self._compactor.run_once(force=force, now_ms=now_ms)
 
     def gc(self) -> dict[str, int]:
         """Delete replaced and orphan data files past their delay, and old commits."""
@@ -310,6 +333,8 @@ class Store:
         if self._closed:
             return
         try:
+            if self._compactor is not None:
+                self._compactor.stop()
             if self._flusher is not None:
                 self._flusher.stop()
                 if flush:

@@ -124,7 +124,7 @@ def _first_message_end(data: bytes) -> int:
     if data[:8] != _MAGIC or data[8:12] != _CONTINUATION:
         raise ValueError("not an Arrow IPC file")
     (length,) = struct.unpack_from("<i", data, 12)
-    return 16 + length
+    return 16 + int(length)
 
 
 def decode_batch(name: str, data: bytes | memoryview, location: BatchLocation) -> pa.RecordBatch:

@@ -37,14 +37,28 @@ from kvlog.errors import (
     StoreClosedError,
     StoreNotFoundError,
 )
-from kvlog.format.commit import BatchEntry, Commit, FileEntry, decode_commit, encode_commit, file_from_json
+from kvlog.format.checksum import crc32c
+from kvlog.format.commit import BatchEntry, Commit, FileEntry, decode_commit, encode_commit
 from kvlog.format.datafile import DataFileWriter, decode_batch, make_record_batch
 from kvlog.format.envelope import decode_document, encode_document
 from kvlog.format.identity import IDENTITY_NAME, Identity, decode_identity, encode_identity
-from kvlog.log.naming import DATA_PREFIX, LOG_PREFIX, checkpoint_name, commit_name, data_file_name, parse_log_name
-from kvlog.log.producers import producer_from_json, producer_to_json
-from kvlog.log.reader import BatchCache, location_of, records_of_batch
-from kvlog.log.records import AppendResult, Record, ValidRecords, partition_for_key, validate_records
+from kvlog.log.naming import (
+    DATA_PREFIX,
+    LOG_PREFIX,
+    checkpoint_name,
+    commit_name,
+    data_file_name,
+    parse_log_name,
+)
+from kvlog.log.producers import check_batch, producer_from_json, producer_to_json
+from kvlog.log.reader import BatchCache, records_of_batch
+from kvlog.log.records import (
+    AppendResult,
+    Record,
+    ValidRecords,
+    partition_for_key,
+    validate_records,
+)
 from kvlog.log.replay import ApplySettings, apply_commit, index_batch
 from kvlog.meta import LmdbEnv, MetaReader, MetaTxn, acquire_env, release_env
 from kvlog.progress import progress
@@ -310,11 +324,41 @@ class Log:
         for i, loc in zip(order, locations, strict=True):
             partition, _records, fields = batches[i]
             entries.append(BatchEntry(partition=partition, location=loc, **fields))
-        from kvlog.format.checksum import crc32c
-
         entry = FileEntry(file_id, path, level, len(data), crc32c(data), tuple(entries))
         self.storage.put(path, data)
         return entry, data
+
+    def _known_duplicates(
+        self, producer_id: int, epoch: int, batches: Sequence[PendingBatch]
+    ) -> list[AppendResult] | None:
+        """The original offsets if every batch repeats one the log already holds, else None.
+
+        Offsets never change, so a duplicate seen in the cache is final. Checked on the cache, then
+        once more after a refresh (a newer epoch may have fenced us); anything else is written and
+        decided at replay as usual.
+        """
+        if self.read_only:
+            return None
+        results: list[AppendResult] = []
+        for fresh in (False, True):
+            if fresh:
+                self.refresh()
+            state, last_ms = self.snapshot(lambda r: (r.get_producer(producer_id), r.last_commit_ms()))
+            if state is None:
+                return None
+            now = max(self.clock.now_ms(), last_ms)
+            results = []
+            for b in batches:
+                try:
+                    decision = check_batch(state, b.partition, epoch, b.base_sequence, b.records.num_rows,
+                                           now, self.config.producer_id_expiration_ms)
+                except ProducerError:
+                    return None
+                if decision.duplicate_of is None:
+                    return None
+                results.append(AppendResult(decision.duplicate_of.first_offset,
+                                            decision.duplicate_of.last_offset, True))
+        return results
 
     def append_batches(
         self, producer_id: int, epoch: int, batches: Sequence[PendingBatch]
@@ -322,6 +366,9 @@ class Log:
         """Append batches of one producer in one data file and one commit, all or nothing; durable on return."""
         if not batches:
             return []
+        known = self._known_duplicates(producer_id, epoch, batches)
+        if known is not None:
+            return known  # DESIGN §5: a duplicate returns the original offsets and writes nothing
         fields = [
             (b.partition, b.records, {"producer_id": producer_id, "epoch": epoch, "base_sequence": b.base_sequence})
             for b in batches
@@ -424,9 +471,10 @@ class Log:
     def rebuild_index(self) -> None:
         """Rebuild the key index by reading every live batch in offset order."""
         self.env.write(lambda txn: _clear_index(MetaTxn(self.env, txn)))
-        batches: list[dict[str, Any]] = self.snapshot(
-            lambda r: [b for p in range(self.partitions) for b in r.iter_batches(p, 0)]
-        )
+        def every_batch(r: MetaReader) -> list[dict[str, Any]]:
+            return [b for p in range(self.partitions) for b in r.iter_batches(p, 0)]
+
+        batches: list[dict[str, Any]] = self.snapshot(every_batch)
         with progress("rebuilding the key index", len(batches)) as bar:
             for start in range(0, len(batches), 64):
                 chunk = [(b, self.batch_cache.get(b)) for b in batches[start:start + 64]]
@@ -456,7 +504,11 @@ class Log:
         for path, due in pending.items():
             if due <= now:
                 self.storage.delete(path)
-                self.env.write(lambda txn, p=path: MetaTxn(self.env, txn).delete_pending(p))
+
+                def forget(txn: Any, path: str = path) -> None:
+                    MetaTxn(self.env, txn).delete_pending(path)
+
+                self.env.write(forget)
                 deleted["replaced"] += 1
         for info in self.storage.list(DATA_PREFIX):
             if info.name in live_paths or info.name in pending:
@@ -534,20 +586,8 @@ def _checkpoint_body(r: MetaReader) -> dict[str, Any]:
             b = r.find_batch(p, last)
             if b is not None:
                 batches.append(b)
-    parts: dict[str, Any] = {}
-    cleaner: dict[str, Any] = {}
-    with r.txn.cursor(db=r._db["parts"]) as cur:
-        for k, v in cur:
-            import json
-            import struct
-
-            parts[str(struct.unpack(">H", k)[0])] = json.loads(v)
-    with r.txn.cursor(db=r._db["cleaner"]) as cur:
-        for k, v in cur:
-            import json
-            import struct
-
-            cleaner[str(struct.unpack(">H", k)[0])] = json.loads(v)
+    parts = {str(p): info for p, info in r.iter_partitions()}
+    cleaner = {str(p): state for p, state in r.iter_cleaner()}
     return {
         "version": r.version(),
         "last_commit_ms": r.last_commit_ms(),
@@ -680,25 +720,18 @@ def _catch_up(the_log: Log) -> None:
     if the_log.env.write(check_uuid):
         log.info("metadata cache at %s rebuilt for store %s", the_log.env.path, the_log.identity.store_uuid)
     version = the_log.version
-    if not the_log.storage.exists(commit_name(version + 1)):
-        pass
     newest_checkpoint = 0
     for info in the_log.storage.list(LOG_PREFIX):
         parsed = parse_log_name(info.name)
         if parsed and parsed[1] == "checkpoint":
             newest_checkpoint = max(newest_checkpoint, parsed[0])
-    if newest_checkpoint > version and not the_log.storage.exists(commit_name(version + 1)):
-        the_log.load_checkpoint(newest_checkpoint)
-    elif newest_checkpoint > version and version == 0:
+    # A fresh cache starts from the newest checkpoint; so does one whose next commit was
+    # already deleted by commit GC (it fell behind the retention window).
+    if newest_checkpoint > version and (
+        version == 0 or not the_log.storage.exists(commit_name(version + 1))
+    ):
         the_log.load_checkpoint(newest_checkpoint)
     elif the_log.snapshot(lambda r: r.get_meta("index_ready")) == b"0":
         the_log.rebuild_index()
     the_log.refresh()
 
-
-def file_entry_from_json(name: str, obj: Any) -> FileEntry:
-    """Decode a file entry (re-exported for the compactor and Spark)."""
-    return file_from_json(name, obj)
-
-
-_ = location_of

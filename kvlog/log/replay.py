@@ -156,7 +156,8 @@ def _apply_append(
         index_batch(txn, batch.partition, base, source(file, i), settings.inline_value_bytes)
     for file in commit.add:
         if file.file_id in live_batches:
-            txn.put_file(file.file_id, _file_value(file, live_batches[file.file_id], commit.version))
+            txn.put_file(file.file_id, _file_value(file, live_batches[file.file_id], commit.version,
+                                                   [commit.version, 0]))
     for p, end in ends.items():
         txn.put_partition(p, {"end": end})
     for state in producers.values():
@@ -165,9 +166,10 @@ def _apply_append(
     return results
 
 
-def _file_value(file: FileEntry, batches: list[list[int]], version: int) -> dict[str, Any]:
+def _file_value(file: FileEntry, batches: list[list[int]], version: int, order: list[int]) -> dict[str, Any]:
+    """The ``files`` value; ``order`` is its place in commit order (replace outputs take their inputs')."""
     return {"path": file.path, "level": file.level, "size": file.size, "crc": file.crc,
-            "batches": batches, "version": version}
+            "batches": batches, "version": version, "order": order}
 
 
 def _apply_replace(txn: MetaTxn, commit: Commit, settings: ApplySettings, now: int) -> list[list[Any]]:
@@ -194,13 +196,14 @@ def _apply_replace(txn: MetaTxn, commit: Commit, settings: ApplySettings, now: i
                         f"replace-ranges-disjoint: partition {batch.partition} offsets "
                         f"{batch.base_offset}..{batch.last_offset} overlap a live batch"
                     )
+    first_order = min((int(e.get("order", [e["version"]])[0]) for _f, e in inputs), default=commit.version)
     for file_id, entry in inputs:
         for p, last in entry["batches"]:
             txn.delete_batch(p, last)
         txn.delete_file(file_id)
         txn.put_pending(entry["path"], now + settings.file_delete_delay_ms)
     results: list[list[Any]] = []
-    for file in commit.add:
+    for position, file in enumerate(commit.add):
         batches = []
         for i, batch in enumerate(file.batches):
             assert batch.base_offset is not None and batch.last_offset is not None
@@ -209,7 +212,7 @@ def _apply_replace(txn: MetaTxn, commit: Commit, settings: ApplySettings, now: i
             batches.append([batch.partition, batch.last_offset])
             results.append([file.file_id, i, "ok", batch.base_offset, batch.last_offset])
         if batches:
-            txn.put_file(file.file_id, _file_value(file, batches, commit.version))
+            txn.put_file(file.file_id, _file_value(file, batches, commit.version, [first_order, position]))
     for p, state in (commit.info.get("cleaner") or {}).items():
         txn.put_cleaner(int(p), state)
     return results

@@ -27,7 +27,7 @@ from kvlog.log.producers import ProducerState, producer_from_json, producer_to_j
 from kvlog.meta.env import LmdbEnv
 from kvlog.meta.keys import DIRECT_KEY_BYTES, encode_index_key, is_long_encoded
 
-__all__ = ["IndexEntry", "MetaTxn", "MetaReader", "prefix_successor"]
+__all__ = ["IndexEntry", "MetaTxn", "MetaReader", "index_lookup", "prefix_successor"]
 
 _BATCH_KEY = struct.Struct(">HQ")
 _PART_KEY = struct.Struct(">H")
@@ -46,6 +46,10 @@ class IndexEntry:
     partition: int
     offset: int
     inline: bytes | None
+
+
+def _loads(raw: bytes | memoryview) -> Any:
+    return json.loads(bytes(raw))
 
 
 def _dumps(obj: Any) -> bytes:
@@ -70,6 +74,24 @@ def _decode_index(lmdb_key: bytes, value: bytes) -> tuple[bytes, IndexEntry]:
         pos += 4 + n
     inline = bytes(value[pos:]) if flags & _INLINE else None
     return key, IndexEntry(partition, offset, inline)
+
+
+def index_lookup(env: LmdbEnv, key: bytes) -> IndexEntry | None:
+    """One key's index entry in a short read transaction of its own (the ``get`` fast path)."""
+    lmdb_key = encode_index_key(key)
+    try:
+        with env.env.begin(db=env.dbs["index"], buffers=False) as txn:
+            value = txn.get(lmdb_key)
+    except lmdb.MapResizedError:
+        env._adopt_size()
+        return index_lookup(env, key)
+    if value is None:
+        return None
+    if value[10] == _INLINE:
+        # The common case, decoded without building the entry: a short key with its value inline.
+        partition, offset, _flags = _INDEX_HEAD.unpack_from(value)
+        return IndexEntry(partition, offset, value[_INDEX_HEAD.size:])
+    return _decode_index(lmdb_key, value)[1]
 
 
 class MetaReader:
@@ -98,17 +120,17 @@ class MetaReader:
     def get_partition(self, partition: int) -> dict[str, Any]:
         """``{"start": int, "end": int}``; a new partition starts empty at 0."""
         value = self.txn.get(_PART_KEY.pack(partition), db=self._db["parts"])
-        return {"start": 0, "end": 0} if value is None else dict(json.loads(value))
+        return {"start": 0, "end": 0} if value is None else dict(_loads(value))
 
     # -- files and batches --------------------------------------------------------------------
     def get_file(self, file_id: str) -> dict[str, Any] | None:
         value = self.txn.get(file_id.encode(), db=self._db["files"])
-        return None if value is None else dict(json.loads(value))
+        return None if value is None else dict(_loads(value))
 
     def iter_files(self) -> Iterator[tuple[str, dict[str, Any]]]:
         with self.txn.cursor(db=self._db["files"]) as cur:
             for k, v in cur:
-                yield bytes(k).decode(), json.loads(v)
+                yield bytes(k).decode(), _loads(v)
 
     def find_batch(self, partition: int, offset: int) -> dict[str, Any] | None:
         """The live batch of ``partition`` whose offset range holds ``offset``, if any."""
@@ -118,7 +140,7 @@ class MetaReader:
             p, _last = _BATCH_KEY.unpack(cur.key())
             if p != partition:
                 return None
-            batch: dict[str, Any] = json.loads(cur.value())
+            batch: dict[str, Any] = _loads(cur.value())
             return batch if batch["base"] <= offset else None
 
     def iter_batches(self, partition: int, from_offset: int = 0) -> Iterator[dict[str, Any]]:
@@ -130,7 +152,7 @@ class MetaReader:
                 p, _last = _BATCH_KEY.unpack(k)
                 if p != partition:
                     return
-                yield json.loads(v)
+                yield _loads(v)
 
     def count_batches(self) -> int:
         return int(self.txn.stat(self._db["batches"])["entries"])
@@ -138,32 +160,44 @@ class MetaReader:
     # -- producers, outcomes, pending deletions ------------------------------------------------
     def get_producer(self, producer_id: int) -> ProducerState | None:
         value = self.txn.get(_PID_KEY.pack(producer_id), db=self._db["producers"])
-        return None if value is None else producer_from_json(json.loads(value))
+        return None if value is None else producer_from_json(_loads(value))
 
     def iter_producers(self) -> Iterator[ProducerState]:
         with self.txn.cursor(db=self._db["producers"]) as cur:
             for _k, v in cur:
-                yield producer_from_json(json.loads(v))
+                yield producer_from_json(_loads(v))
 
     def get_outcome(self, commit_id: str) -> dict[str, Any] | None:
         value = self.txn.get(commit_id.encode(), db=self._db["outcomes"])
-        return None if value is None else dict(json.loads(value))
+        return None if value is None else dict(_loads(value))
 
     def iter_pending(self) -> Iterator[tuple[str, int]]:
         with self.txn.cursor(db=self._db["pending"]) as cur:
             for k, v in cur:
                 yield bytes(k).decode(), int(_U64.unpack(v)[0])
 
+    def iter_partitions(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Every partition that has had a batch, with its offsets info."""
+        with self.txn.cursor(db=self._db["parts"]) as cur:
+            for k, v in cur:
+                yield _PART_KEY.unpack(k)[0], _loads(v)
+
+    def iter_cleaner(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Every partition's cleaner state."""
+        with self.txn.cursor(db=self._db["cleaner"]) as cur:
+            for k, v in cur:
+                yield _PART_KEY.unpack(k)[0], _loads(v)
+
     def get_cleaner(self, partition: int) -> dict[str, Any]:
         value = self.txn.get(_PART_KEY.pack(partition), db=self._db["cleaner"])
-        return {} if value is None else dict(json.loads(value))
+        return {} if value is None else dict(_loads(value))
 
     # -- key index ----------------------------------------------------------------------------
     def index_get(self, key: bytes) -> IndexEntry | None:
         value = self.txn.get(encode_index_key(key), db=self._db["index"])
         if value is None:
             return None
-        return _decode_index(encode_index_key(key), value)[1]
+        return _decode_index(encode_index_key(key), bytes(value))[1]
 
     def index_count(self) -> int:
         return int(self.txn.stat(self._db["index"])["entries"])
@@ -244,7 +278,7 @@ def _sorted_runs(cur: lmdb.Cursor, *, forward: bool) -> Iterator[tuple[bytes, In
     run_prefix = b""
     while True:
         lmdb_key = bytes(cur.key())
-        key, entry = _decode_index(lmdb_key, cur.value())
+        key, entry = _decode_index(lmdb_key, bytes(cur.value()))
         if is_long_encoded(lmdb_key):
             head = lmdb_key[:DIRECT_KEY_BYTES]
             if run and head != run_prefix:
@@ -304,7 +338,7 @@ class MetaTxn(MetaReader):
     def prune_outcomes(self, below_version: int) -> None:
         """Forget outcomes of commits older than ``below_version``."""
         with self.txn.cursor(db=self._db["outcomes"]) as cur:
-            stale = [bytes(k) for k, v in cur if json.loads(v)["version"] < below_version]
+            stale = [bytes(k) for k, v in cur if _loads(v)["version"] < below_version]
         for k in stale:
             self.txn.delete(k, db=self._db["outcomes"])
 

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 from kvlog.errors import StorageError
 
@@ -70,8 +70,26 @@ class Storage(ABC):
     #: The URI this storage was opened from (never with credentials).
     uri: str
 
+    #: Attributes a pickled copy leaves behind (locks, live clients); :meth:`_rebuild`
+    #: recreates them. Subclasses extend the tuple and the method.
+    _transient: ClassVar[tuple[str, ...]] = ("_count_lock",)
+
     def __init__(self) -> None:
         self.requests: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle cheaply (STYLE #4): no locks or clients; the copy counts its own requests."""
+        state = {k: v for k, v in self.__dict__.items() if k not in self._transient}
+        state["requests"] = Counter()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Recreate the :attr:`_transient` attributes (after unpickling)."""
         self._count_lock = threading.Lock()
 
     def _count(self, kind: str) -> None:

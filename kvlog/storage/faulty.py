@@ -139,7 +139,6 @@ class Fault:
 def fail(
     op: str,
     name_pattern: str | None = None,
-    *,
     nth: int = 1,
     times: int | None = 1,
     kind: FaultKind = "error",
@@ -255,6 +254,8 @@ class FaultyStorage(Storage):
     steps reached, in order.
     """
 
+    _transient = (*Storage._transient, "_lock")
+
     def __init__(
         self,
         inner: Storage,
@@ -290,6 +291,10 @@ class FaultyStorage(Storage):
         self._occurrences: dict[tuple[str, str], int] = {}
         self._random_calls = 0
         self.set_plan(plan)
+
+    def _rebuild(self) -> None:
+        super()._rebuild()
+        self._lock = threading.Lock()
 
     # -- plan and bookkeeping ---------------------------------------------------------
 

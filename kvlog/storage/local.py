@@ -53,6 +53,8 @@ class LocalStream:
 class LocalStorage(Storage):
     """Objects as files under a root directory."""
 
+    _transient = (*Storage._transient, "_tmp_counter", "_tmp_lock")
+
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
         super().__init__()
         self.root = Path(root).absolute()
@@ -64,6 +66,11 @@ class LocalStorage(Storage):
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StorageError(f"cannot create the store directory {self.root}: {e}") from e
+
+    def _rebuild(self) -> None:
+        super()._rebuild()
+        self._tmp_counter = itertools.count()
+        self._tmp_lock = threading.Lock()
 
     def _path(self, name: str) -> Path:
         return self.root / check_name(name)

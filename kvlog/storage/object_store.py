@@ -16,7 +16,6 @@ import errno
 import os
 import re
 import threading
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -398,24 +397,23 @@ class ObjectStoreStorage(Storage):
         self.uri = f"s3://{s.bucket}/{s.prefix}" if s.prefix else f"s3://{s.bucket}"
         self._init_runtime()
 
+    # Pickling (STYLE #4): the live clients stay behind and the copy reconnects lazily.
+    _transient = (
+        *Storage._transient,
+        "_client_lock",
+        "_client",
+        "_stream_client",
+        "_bucket_checked",
+    )
+
     def _init_runtime(self) -> None:
         self._client_lock = threading.Lock()
         self._client: S3Store | None = None
         self._stream_client: S3Store | None = None
         self._bucket_checked = False
 
-    # -- pickling (STYLE #4): live clients stay behind, the copy reconnects lazily ----------
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        for key in ("_client_lock", "_client", "_stream_client", "_count_lock", "_bucket_checked"):
-            state.pop(key, None)
-        state["requests"] = Counter()
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._count_lock = threading.Lock()
+    def _rebuild(self) -> None:
+        super()._rebuild()
         self._init_runtime()
 
     def __repr__(self) -> str:
@@ -634,8 +632,9 @@ class ObjectStoreStorage(Storage):
         """
         check_name(name)
         self._count("put_if_absent")
+        payload = data if isinstance(data, bytes | bytearray) else memoryview(data).cast("B")
         try:
-            obstore.put(self.client, name, data, mode="create", use_multipart=False)
+            obstore.put(self.client, name, payload, mode="create", use_multipart=False)
         except (AlreadyExistsError, PreconditionError):
             raise FileExistsError(errno.EEXIST, "object exists", self._where(name)) from None
         except _BACKEND_ERRORS as e:
@@ -647,12 +646,14 @@ class ObjectStoreStorage(Storage):
         a bucket lifecycle rule for incomplete uploads removes."""
         check_name(name)
         self._count("put")
-        size = memoryview(data).nbytes
+        # obstore takes flat byte buffers: view anything else (e.g. typed memoryviews) as bytes.
+        payload = data if isinstance(data, bytes | bytearray) else memoryview(data).cast("B")
+        size = len(payload)
         try:
             obstore.put(
                 self.client,
                 name,
-                data,
+                payload,
                 use_multipart=size > _MULTIPART_THRESHOLD,
                 chunk_size=_PART_SIZE,
             )

@@ -243,8 +243,7 @@ class SeaweedServer:
         for component, port in self.ports.items():
             args += [f"-{component}.port={port}", f"-{component}.port.grpc={port + GRPC_OFFSET}"]
         self._log_file = self.root / f"weed{attempt}.log"
-        # SeaweedFS puts its gRPC unix sockets and its glog files in the temporary
-        # directory: keep them in ours, so stopping the server leaves nothing behind.
+        # SeaweedFS writes its glog files to the temporary directory: keep them in ours.
         env = {**os.environ, "TMPDIR": str(self.root)}
         with open(self._log_file, "wb") as log:
             self._process = subprocess.Popen(
@@ -280,6 +279,13 @@ class SeaweedServer:
             return False
         return status == 200
 
+    def grpc_socket_paths(self) -> list[Path]:
+        """The unix sockets SeaweedFS opens beside its gRPC ports (at a fixed place in /tmp)."""
+        return [
+            Path(f"/tmp/seaweedfs-{component}-grpc-{port + GRPC_OFFSET}.sock")
+            for component, port in self.ports.items()
+        ]
+
     def _log_tail(self, lines: int = 40) -> str:
         if self._log_file is None or not self._log_file.exists():
             return "(no log)"
@@ -297,6 +303,11 @@ class SeaweedServer:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait(timeout=15)
+        for path in self.grpc_socket_paths():
+            # SeaweedFS opens these at a fixed place in /tmp and leaves some behind.
+            with contextlib.suppress(OSError):
+                if path.is_socket():
+                    path.unlink()
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
             self.root = None

@@ -7,8 +7,10 @@ the ``s3_root`` fixture of ``kvlog.testing.pytest_plugin``) and ``faulty``
 
 from __future__ import annotations
 
+import array
 import hashlib
 import multiprocessing
+import pickle
 import random
 import threading
 import time
@@ -77,8 +79,15 @@ def storage(make_storage: Callable[[], Storage]) -> Storage:
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"x", b"hello world", bytearray(b"\x00\xff" * 1000), memoryview(b"view of bytes")],
-    ids=["empty", "one-byte", "text", "bytearray", "memoryview"],
+    [
+        b"",
+        b"x",
+        b"hello world",
+        bytearray(b"\x00\xff" * 1000),
+        memoryview(b"view of bytes"),
+        memoryview(array.array("I", [1, 2, 3, 0xFFFFFFFF])),
+    ],
+    ids=["empty", "one-byte", "text", "bytearray", "memoryview", "typed-memoryview"],
 )
 def test_put_read_round_trip(storage: Storage, data: bytes | bytearray | memoryview) -> None:
     storage.put("obj/a.bin", data)
@@ -417,6 +426,19 @@ def test_request_counting(make_storage: Callable[[], Storage]) -> None:
     assert storage.requests["get"] == 2
     other = make_storage()  # each handle counts its own requests
     assert sum(other.requests.values()) == 0
+
+
+def test_pickled_copy_works(storage: Storage) -> None:
+    """Spark executors receive pickled storages (STYLE #4): the copy reconnects by itself."""
+    storage.put("p/obj", b"before pickling")
+    copy = pickle.loads(pickle.dumps(storage))
+    assert type(copy) is type(storage)
+    assert copy.uri == storage.uri
+    assert sum(copy.requests.values()) == 0
+    assert copy.read("p/obj") == b"before pickling"
+    copy.put_if_absent("p/from-copy", b"written by the copy")
+    assert storage.read("p/from-copy") == b"written by the copy"
+    assert copy.requests["put_if_absent"] == 1
 
 
 BAD_NAMES = ["", "/abs", "/abs/olute", "..", ".", "a/../b", "../up", "./a", "a//b", "a/", "a/."]

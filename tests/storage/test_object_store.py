@@ -236,3 +236,18 @@ def test_pickled_storage_works_in_another_process(s3_root: tuple[str, dict[str, 
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
         assert pool.apply(_read_in_child, (storage, "p/shared")) == b"seen by the child"
+
+
+def test_large_put_is_multipart(s3_root: tuple[str, dict[str, Any]]) -> None:
+    """Above 32 MiB ``put`` uploads in parts (the ETag of a multipart object ends in -N)."""
+    import obstore
+
+    uri, options = s3_root
+    storage = open_storage(uri, options)
+    assert isinstance(storage, ObjectStoreStorage)
+    data = bytes(range(256)) * (33 * 4096)  # 33 MiB
+    storage.put("mp/big", data)
+    storage.put("mp/small", data[:1000])
+    assert "-" in str(obstore.head(storage.client, "mp/big")["e_tag"])
+    assert "-" not in str(obstore.head(storage.client, "mp/small")["e_tag"])
+    assert storage.read("mp/big") == data

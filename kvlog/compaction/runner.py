@@ -1,0 +1,251 @@
+"""The runner: plans, runs jobs, commits them as one ``replace``, and keeps compacting in the background.
+
+Commit order (and why): output files are written first under fresh names; the
+``replace`` commit then switches atomically from the inputs to the outputs; the
+inputs are deleted by GC only ``file_delete_delay_ms`` later, so readers of
+older versions keep their files. A crash before the commit leaves orphans for
+GC and the old state; after it, the new state. A replace whose inputs are no
+longer all live (another compactor won) is refused when applied, and its
+outputs, never referenced, are deleted at once.
+
+A failing partition never stops the compactor silently: the error is logged,
+shown per partition in ``stats()``, and the partition (with the files that
+hold it) is retried with exponential backoff while the others go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvlog.compaction.merger import PartitionFailure, run_job
+from kvlog.compaction.offset_map import OffsetMap, capacity_for
+from kvlog.compaction.planner import BatchInfo, FileInfo, Plan, plan_compaction
+from kvlog.errors import KvlogError
+from kvlog.format.checksum import crc32c
+from kvlog.format.commit import BatchEntry, Commit, FileEntry
+from kvlog.log.log import Log
+from kvlog.log.naming import data_file_name
+from kvlog.meta import MetaReader
+from kvlog.progress import progress
+
+__all__ = ["CompactionReport", "Compactor"]
+
+log = logging.getLogger("kvlog.compaction")
+
+_BACKOFF_START_MS = 1_000
+_BACKOFF_MAX_MS = 300_000
+
+
+@dataclass
+class CompactionReport:
+    """What one :meth:`Compactor.run_once` (or ``Store.compact``) did."""
+
+    rounds: int = 0
+    kind: str | None = None
+    partial: bool = False
+    refused: bool = False
+    records_read: int = 0
+    records_written: int = 0
+    records_removed: int = 0
+    tombstones_removed: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    files_in: int = 0
+    files_out: int = 0
+    map_capacity: int = 0
+    checkpoints: dict[int, int] = field(default_factory=dict)
+    partitions: list[int] = field(default_factory=list)
+    duration_s: float = 0.0
+    version: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Compactor:
+    """Runs compaction jobs on one log, on demand or in a background thread."""
+
+    def __init__(self, the_log: Log, *, target_file_bytes: int = 64 * 2**20) -> None:
+        self._log = the_log
+        self._config = the_log.config
+        self._clock = the_log.clock
+        self._target = target_file_bytes
+        self._lock = threading.Lock()
+        self.failures: dict[int, dict[str, Any]] = {}
+        self.rounds = 0
+        self.last_report: CompactionReport | None = None
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- planning -----------------------------------------------------------------------------------
+    def _snapshot(self, r: MetaReader) -> tuple[list[FileInfo], dict[int, list[dict[str, Any]]], dict[int, int],
+                                                dict[int, int]]:
+        files = []
+        for file_id, entry in r.iter_files():
+            order = entry.get("order") or [entry["version"], 0]
+            files.append(FileInfo(file_id, int(entry["level"]), int(entry["size"]), (int(order[0]), int(order[1]))))
+        batches = {p: list(r.iter_batches(p, 0)) for p in range(self._log.partitions)}
+        checkpoints = {p: int(r.get_cleaner(p).get("checkpoint", 0)) for p in range(self._log.partitions)}
+        ends = {p: int(r.get_partition(p)["end"]) for p in range(self._log.partitions)}
+        return files, batches, checkpoints, ends
+
+    def plan(self, now_ms: int, *, force: bool = False) -> tuple[Plan | None, dict[int, list[dict[str, Any]]]]:
+        """The next job at ``now_ms`` and the live batches it reads, per partition."""
+        files, batches, checkpoints, ends = self._log.snapshot(self._snapshot)
+        infos = [
+            BatchInfo(int(b["p"]), b["f"], int(b["base"]), int(b["last"]), int(b["bytes"]), int(b["ts"][0]),
+                      int(b["ts"][1]), b.get("horizon"))
+            for items in batches.values() for b in items
+        ]
+        skip = [p for p, f in self.failures.items() if f["retry_at_ms"] > now_ms]
+        plan = plan_compaction(files, infos, checkpoints, ends, self._config, now_ms, force=force,
+                               skip_partitions=skip)
+        if plan is None:
+            return None, {}
+        inputs = set(plan.input_files)
+        chosen = {p: [b for b in items if b["f"] in inputs] for p, items in batches.items()}
+        return plan, {p: items for p, items in chosen.items() if items}
+
+    # -- running ------------------------------------------------------------------------------------
+    def run_once(self, *, force: bool = False, now_ms: int | None = None) -> CompactionReport:
+        """Plan and run one job, commit it, and report; an empty report when there is nothing to do."""
+        with self._lock:
+            started = self._clock.monotonic_s()
+            now = self._clock.now_ms() if now_ms is None else now_ms
+            self._log.refresh()
+            plan, batches = self.plan(now, force=force)
+            report = CompactionReport(map_capacity=capacity_for(self._config.offset_map_bytes,
+                                                                self._config.offset_map_load_factor))
+            if plan is None:
+                report.duration_s = self._clock.monotonic_s() - started
+                return report
+            report = self._run(plan, batches, now, report)
+            report.duration_s = round(self._clock.monotonic_s() - started, 6)
+            self.last_report = report
+            return report
+
+    def _run(self, plan: Plan, batches: dict[int, list[dict[str, Any]]], now: int,
+             report: CompactionReport) -> CompactionReport:
+        written: list[FileEntry] = []
+
+        def write_file(data: bytes, entries: list[BatchEntry]) -> FileEntry:
+            file_id = self._log.new_id()
+            path = data_file_name(plan.output_level, file_id)
+            entry = FileEntry(file_id, path, plan.output_level, len(data), crc32c(data), tuple(entries))
+            self._log.storage.put(path, data)
+            written.append(entry)
+            return entry
+
+        offset_map = None
+        if plan.kind == "clean":
+            offset_map = OffsetMap(self._config.offset_map_bytes, self._config.offset_map_load_factor)
+        total = sum(len(items) for items in batches.values())
+        try:
+            with progress(f"compacting ({plan.kind})", total) as bar:
+                result = run_job(plan, batches, self._log.storage, write_file, offset_map,
+                                 self._log.identity.fingerprint_seed, self._config, now,
+                                 target_file_bytes=self._target, progress=bar.advance)
+        except PartitionFailure as e:
+            self._fail(e.partition, e, now)
+            self._discard(written)
+            raise
+        finally:
+            del offset_map
+        for p in result.checkpoints:
+            self.failures.pop(p, None)
+        cleaner = {str(p): {"checkpoint": end, "last_round_ms": now, "partial": end < plan.clean[p].first_uncleanable}
+                   for p, end in result.checkpoints.items()}
+        commit_id = self._log.new_id()
+
+        def build(version: int) -> Commit:
+            return Commit(version, commit_id, self._clock.now_ms(), "replace", add=tuple(result.outputs),
+                          remove=plan.input_files, info={"cleaner": cleaner, "job": plan.kind})
+
+        outcome = self._log.commit(build)
+        report.kind = plan.kind
+        report.files_in = len(plan.input_files)
+        report.partitions = sorted(plan.clean)
+        if outcome["error"] is not None:
+            log.info("compaction job refused: %s", outcome["error"][1])
+            self._discard(written)
+            report.refused = True
+            return report
+        self.rounds += 1
+        report.rounds = 1
+        report.version = int(outcome["version"])
+        report.partial = result.partial
+        report.records_read = result.records_read
+        report.records_written = result.records_written
+        report.records_removed = result.records_read - result.records_written
+        report.tombstones_removed = result.tombstones_removed
+        report.bytes_read = result.bytes_read
+        report.bytes_written = result.bytes_written
+        report.files_out = len(result.outputs)
+        report.map_capacity = result.map_capacity or report.map_capacity
+        report.checkpoints = dict(result.checkpoints)
+        return report
+
+    def _discard(self, written: list[FileEntry]) -> None:
+        for entry in written:
+            try:
+                self._log.storage.delete(entry.path)
+            except KvlogError as e:  # an orphan for GC then
+                log.warning("could not delete unreferenced output %s: %s", entry.path, e)
+
+    def _fail(self, partition: int, error: BaseException, now: int) -> None:
+        previous = self.failures.get(partition, {})
+        count = int(previous.get("failures", 0)) + 1
+        delay = min(_BACKOFF_START_MS * 2 ** (count - 1), _BACKOFF_MAX_MS)
+        self.failures[partition] = {"error": str(error), "failures": count, "retry_at_ms": now + delay}
+        self.last_error = str(error)
+        log.error("compaction of partition %d failed (attempt %d, retry in %d ms): %s",
+                  partition, count, delay, error)
+
+    # -- background ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the background compactor thread."""
+        self._thread = threading.Thread(target=self._run_forever, name="kvlog-compactor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the background thread (a running job finishes first)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run_forever(self) -> None:
+        interval = max(self._config.compaction_interval_ms, 10) / 1000.0
+        while not self._stop.wait(interval):
+            try:
+                report = self.run_once()
+                if report.rounds:
+                    log.info("compacted: %d records read, %d removed", report.records_read, report.records_removed)
+                self._log.gc()
+            except PartitionFailure:
+                continue  # recorded per partition by _fail
+            except KvlogError as e:
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.warning("background compaction failed (will retry): %s", e)
+            except Exception as e:  # never die silently: log, record, go on
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.exception("unexpected error in the background compactor")
+
+    def stats(self) -> dict[str, Any]:
+        """Compaction state for ``Store.stats()``."""
+        return {
+            "background": self.running,
+            "rounds": self.rounds,
+            "failing_partitions": {str(p): dict(f) for p, f in self.failures.items()},
+            "last_error": self.last_error,
+            "last_report": self.last_report.to_dict() if self.last_report else None,
+            "map_capacity": capacity_for(self._config.offset_map_bytes, self._config.offset_map_load_factor),
+        }

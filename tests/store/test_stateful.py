@@ -1,0 +1,293 @@
+"""A model test: a Store and a dict driven side by side (STYLE #13, DESIGN §4, §6, §7, §10).
+
+The machine writes with puts, deletes and batches (some aborted), flushes,
+reads with get/contains/len/scan, closes and reopens, crashes and reopens
+(``close(flush=False)``), and keeps a second, read-only handle with its own
+metadata cache. Two models are kept: ``model`` (what the writer must read) and
+``durable`` (what survives a crash: everything before the last flush, sync
+write, batch exit or close). Nothing flushes on its own (flush_interval_ms=0,
+huge flush_bytes and max_unflushed_bytes), so the read-only handle must see
+exactly ``durable``, never more. ``store.check()`` must be empty after every step.
+
+Keys come from a small alphabet, so collisions and shared prefixes are common,
+and include keys of 478..503 bytes sharing their first 480 bytes, on both
+sides of the index's 480-byte direct-key limit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from store_support import EXPLICIT_FLUSH, Root
+
+import kvlog
+from kvlog.testing.pytest_plugin import TEST_BUCKET
+
+# -- strategies ---------------------------------------------------------------------------------
+
+_LONG_LENGTHS = [478, 479, 480, 481, 500]
+
+short_keys = st.text(alphabet="akz", min_size=1, max_size=3).map(str.encode)
+long_keys = st.builds(
+    lambda n, tail: b"k" * n + tail.encode(),
+    st.sampled_from(_LONG_LENGTHS),
+    st.text(alphabet="akz", max_size=3),
+)
+keys = st.one_of(short_keys, short_keys, long_keys)
+bounds = st.none() | keys | st.just(b"k" * 480) | st.just(b"k" * 481)
+prefixes = st.none() | st.just(b"") | st.text(alphabet="akz", min_size=1, max_size=2).map(str.encode) | st.builds(
+    lambda n, tail: b"k" * n + tail.encode(), st.sampled_from([479, 480, 481]), st.text(alphabet="akz", max_size=1)
+)
+# Mostly small (inlined in the index) values, sometimes larger than inline_value_bytes (read from data files).
+values = st.builds(lambda head, pad: head + b"v" * pad, st.binary(max_size=6), st.sampled_from([0, 0, 0, 1500]))
+batch_ops = st.lists(st.tuples(keys, st.none() | values), min_size=1, max_size=8)
+
+
+class Boom(Exception):
+    """Raised inside a ``with store.batch()`` block to abort it."""
+
+
+def _as_given(key: bytes, as_str: bool) -> bytes | str:
+    """The key as bytes, or as the str whose UTF-8 encoding it is."""
+    return key.decode("ascii") if as_str else key
+
+
+def _expected_scan(
+    model: dict[bytes, bytes], start: bytes | None, stop: bytes | None, prefix: bytes | None, reverse: bool
+) -> list[tuple[bytes, bytes]]:
+    out = [
+        (k, v) for k, v in sorted(model.items())
+        if (start is None or k >= start) and (stop is None or k < stop)
+        and (prefix is None or k.startswith(prefix))
+    ]
+    return out[::-1] if reverse else out
+
+
+# -- the machine --------------------------------------------------------------------------------
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """Store vs dict. Subclasses set :meth:`make_root`."""
+
+    def make_root(self) -> Root:
+        raise NotImplementedError
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = self.make_root()
+        self.store = self.root.open(partitions=3, **EXPLICIT_FLUSH)
+        self.reader = self.root.open(cache="reader", read_only=True)
+        self.model: dict[bytes, bytes] = {}
+        self.durable: dict[bytes, bytes] = {}
+        self.version = self.store.flush()
+
+    def teardown(self) -> None:
+        self.reader.close()
+        self.store.close(flush=False)
+        shutil.rmtree(self.root.workdir, ignore_errors=True)
+        if self.root.kind == "local":
+            shutil.rmtree(self.root.uri, ignore_errors=True)
+
+    def _made_durable(self) -> None:
+        self.durable = dict(self.model)
+
+    # -- writes ---------------------------------------------------------------------------------
+    @rule(key=keys, value=values, sync=st.booleans(), as_str=st.booleans())
+    def put(self, key: bytes, value: bytes, sync: bool, as_str: bool) -> None:
+        self.store.put(_as_given(key, as_str), value, sync=sync)
+        self.model[key] = value
+        if sync:
+            self._made_durable()
+
+    @rule(key=keys, value=values)
+    def set_item(self, key: bytes, value: bytes) -> None:
+        self.store[key] = value
+        self.model[key] = value
+
+    @rule(key=keys, sync=st.booleans())
+    def delete(self, key: bytes, sync: bool) -> None:
+        self.store.delete(key, sync=sync)
+        self.model.pop(key, None)
+        if sync:
+            self._made_durable()
+
+    @rule(key=keys)
+    def del_item(self, key: bytes) -> None:
+        if key in self.model:
+            del self.store[key]
+            del self.model[key]
+        else:
+            with pytest.raises(KeyError):
+                del self.store[key]
+
+    @rule(ops=batch_ops)
+    def batch(self, ops: list[tuple[bytes, bytes | None]]) -> None:
+        with self.store.batch() as b:
+            for key, value in ops:
+                if value is None:
+                    b.delete(key)
+                else:
+                    b.put(key, value)
+            assert len(b) == len(ops)
+        for key, value in ops:
+            if value is None:
+                self.model.pop(key, None)
+            else:
+                self.model[key] = value
+        self._made_durable()
+
+    @rule(ops=batch_ops)
+    def aborted_batch(self, ops: list[tuple[bytes, bytes | None]]) -> None:
+        version = self.store.log.version
+        with pytest.raises(Boom):
+            with self.store.batch() as b:
+                for key, value in ops:
+                    if value is None:
+                        b.delete(key)
+                    else:
+                        b.put(key, value)
+                raise Boom
+        assert self.store.log.version == version
+        for key, _value in ops:
+            assert self.store.get(key) == self.model.get(key)
+
+    @rule()
+    def flush(self) -> None:
+        version = self.store.flush()
+        assert version >= self.version
+        self.version = version
+        self._made_durable()
+
+    # -- reads ----------------------------------------------------------------------------------
+    @rule(key=keys, as_str=st.booleans())
+    def get(self, key: bytes, as_str: bool) -> None:
+        given = _as_given(key, as_str)
+        assert self.store.get(given) == self.model.get(key)
+        assert self.store.get(given, b"<default>") == self.model.get(key, b"<default>")
+        if key in self.model:
+            assert self.store[given] == self.model[key]
+        else:
+            with pytest.raises(KeyError):
+                self.store[given]
+
+    @rule(key=keys)
+    def contains(self, key: bytes) -> None:
+        assert (key in self.store) == (key in self.model)
+
+    @rule()
+    def length_and_iteration(self) -> None:
+        assert len(self.store) == len(self.model)
+        assert list(self.store) == sorted(self.model)
+
+    @rule(start=bounds, stop=bounds, prefix=prefixes, reverse=st.booleans())
+    def scan(self, start: bytes | None, stop: bytes | None, prefix: bytes | None, reverse: bool) -> None:
+        got = list(self.store.scan(start, stop, prefix=prefix, reverse=reverse))
+        assert got == _expected_scan(self.model, start, stop, prefix, reverse)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @rule()
+    def close_and_reopen(self) -> None:
+        self.store.close()
+        self._made_durable()
+        self.store = self.root.open(**EXPLICIT_FLUSH)
+        assert list(self.store.scan()) == sorted(self.model.items())
+
+    @rule()
+    def crash_and_reopen(self) -> None:
+        self.store.close(flush=False)
+        self.model = dict(self.durable)
+        self.store = self.root.open(**EXPLICIT_FLUSH)
+        assert list(self.store.scan()) == sorted(self.model.items())
+        assert len(self.store) == len(self.model)
+
+    # -- the second, read-only handle -----------------------------------------------------------
+    def _reader_equals(self, expected: dict[bytes, bytes]) -> None:
+        self.reader.refresh()
+        assert list(self.reader.scan()) == sorted(expected.items())
+        assert len(self.reader) == len(expected)
+
+    @rule()
+    def reader_sees_exactly_the_durable_state(self) -> None:
+        self._reader_equals(self.durable)
+
+    @rule()
+    def reader_after_flush(self) -> None:
+        self.store.flush()
+        self._made_durable()
+        self._reader_equals(self.durable)
+
+    @precondition(lambda self: bool(self.durable))
+    @rule(data=st.data())
+    def reader_get_and_scan(self, data: st.DataObject) -> None:
+        self.reader.refresh()
+        key = data.draw(st.sampled_from(sorted(self.durable)) | keys)
+        assert self.reader.get(key) == self.durable.get(key)
+        start, prefix = data.draw(bounds), data.draw(prefixes)
+        reverse = data.draw(st.booleans())
+        got = list(self.reader.scan(start, None, prefix=prefix, reverse=reverse))
+        assert got == _expected_scan(self.durable, start, None, prefix, reverse)
+        with pytest.raises(kvlog.ReadOnlyError):
+            self.reader.put(key, b"nope")
+
+    # -- invariants -----------------------------------------------------------------------------
+    @invariant()
+    def self_check_is_clean(self) -> None:
+        assert self.store.check() == []
+
+
+_counter = itertools.count()
+
+
+def _machine(make_root: Any) -> type[StoreMachine]:
+    class Machine(StoreMachine):
+        pass
+
+    Machine.make_root = lambda self: make_root()  # type: ignore[method-assign]
+    Machine.__name__ = StoreMachine.__name__
+    return Machine
+
+
+def _settings(max_examples: int) -> settings:
+    return settings(
+        max_examples=max_examples, stateful_step_count=30, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+def test_store_matches_model_local(tmp_path: Path) -> None:
+    base = tmp_path
+
+    def make_root() -> Root:
+        where = Path(tempfile.mkdtemp(dir=base))
+        return Root("local", str(where / "store"), None, where / "work")
+
+    run_state_machine_as_test(_machine(make_root), settings=_settings(60))
+
+
+@pytest.mark.s3
+def test_store_matches_model_s3(seaweedfs: Any, tmp_path: Path) -> None:
+    seaweedfs.create_bucket(TEST_BUCKET)
+    base = tmp_path
+
+    def make_root() -> Root:
+        n = next(_counter)
+        return Root(
+            "s3", seaweedfs.uri(TEST_BUCKET, f"stateful-{tmp_path.name}-{n}"),
+            dict(seaweedfs.storage_options), Path(tempfile.mkdtemp(dir=base)),
+        )
+
+    run_state_machine_as_test(_machine(make_root), settings=_settings(10))
