@@ -85,6 +85,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 1 if result.failures else 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from kvlog.bench import main_from_args
+
+    return main_from_args(args)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvlog", description="kvlog: a key-value store on a compacted log")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -120,6 +126,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--path", help="store directory (default: a new temporary directory)")
     p.add_argument("--records", type=int, default=1_000_000)
     p.set_defaults(func=_cmd_demo)
+    p = sub.add_parser("bench", help="benchmarks side by side with LMDB, sqlite3 and raw S3")
+    from kvlog.bench import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=_cmd_bench)
     return parser
 
 

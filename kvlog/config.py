@@ -114,6 +114,8 @@ class StoreConfig:
         need(0.0 < self.offset_map_load_factor <= 1.0, "offset_map_load_factor",
              "must be in (0, 1]")
         need(self.offset_map_bytes >= 64, "offset_map_bytes", "must hold at least one key (>= 64)")
+        need(int(self.offset_map_bytes // 16 * self.offset_map_load_factor) >= 1, "offset_map_bytes",
+             "must hold at least one key at offset_map_load_factor (16 bytes a slot)")
         need(1 <= self.max_key_bytes <= 65535, "max_key_bytes", "must be between 1 and 65535")
         need(self.max_record_bytes > self.max_key_bytes, "max_record_bytes",
              "must be larger than max_key_bytes")

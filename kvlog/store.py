@@ -180,12 +180,23 @@ class Store:
             return default
         if entry.inline is not None:
             return entry.inline
-        return self._value_of(entry)
 
-    def _value_of(self, entry: IndexEntry) -> bytes:
+        # Compaction may remove the entry's offset between the lookup above and the batch
+        # lookup: look the key up again together with its batch, in one snapshot.
+        def in_one_snapshot(r: MetaReader) -> Any:
+            again = r.index_get(k)
+            return default if again is None else self._value_of(again, r)
+
+        return self.log.snapshot(in_one_snapshot)
+
+    def _value_of(self, entry: IndexEntry, reader: MetaReader | None = None) -> bytes:
+        """The value ``entry`` points at, its batch looked up in ``reader`` (the entry's snapshot)."""
         if entry.inline is not None:
             return entry.inline
-        batch = self.log.snapshot(lambda r: r.find_batch(entry.partition, entry.offset))
+        if reader is not None:
+            batch = reader.find_batch(entry.partition, entry.offset)
+        else:
+            batch = self.log.snapshot(lambda r: r.find_batch(entry.partition, entry.offset))
         if batch is None:
             from kvlog.errors import CorruptDataError
 
@@ -195,7 +206,12 @@ class Store:
         if batch.get("present") is not None:
             from kvlog.format.bitmap import decode_offsets
 
-            position = decode_offsets(batch["path"], batch["present"]).rank(position) - 1
+            present = decode_offsets(batch["path"], batch["present"])
+            if position not in present:  # never read a neighbour's value for a removed offset
+                from kvlog.errors import CorruptDataError
+
+                raise CorruptDataError(f"partition {entry.partition}", f"offset {entry.offset} is not live")
+            position = present.rank(position) - 1
         value = records.column(1)[position].as_py()
         assert isinstance(value, bytes)
         return value
@@ -223,7 +239,7 @@ class Store:
         try:
             for key, entry in merge_sorted(reader.index_scan(lo, hi, pre, reverse), front, reverse=reverse):
                 if isinstance(entry, IndexEntry):
-                    yield key, self._value_of(entry)
+                    yield key, self._value_of(entry, reader)
                 else:
                     assert isinstance(entry, bytes)
                     yield key, entry

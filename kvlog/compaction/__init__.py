@@ -7,7 +7,7 @@
   inputs, and runs jobs in a background thread that never dies silently.
 """
 
-from kvlog.compaction.merger import JobResult, PartitionFailure, run_job
+from kvlog.compaction.merger import JobResult, OutputWriter, PartitionFailure, run_job
 from kvlog.compaction.offset_map import SLOT_BYTES, OffsetMap, capacity_for, fingerprints
 from kvlog.compaction.planner import (
     BatchInfo,
@@ -20,7 +20,7 @@ from kvlog.compaction.planner import (
 from kvlog.compaction.runner import CompactionReport, Compactor
 
 __all__ = [
-    "SLOT_BYTES", "BatchInfo", "CleanSpec", "CompactionReport", "Compactor", "FileInfo", "JobResult",
+    "SLOT_BYTES", "BatchInfo", "CleanSpec", "CompactionReport", "Compactor", "FileInfo", "JobResult", "OutputWriter",
     "OffsetMap", "PartitionFailure", "Plan", "capacity_for", "fingerprints", "partition_state",
     "plan_compaction", "run_job",
 ]

@@ -35,7 +35,7 @@ from kvlog.format.commit import BatchEntry, FileEntry
 from kvlog.format.datafile import BatchLocation, DataFileWriter, decode_batch, make_record_batch
 from kvlog.storage.base import ForwardStream, Storage
 
-__all__ = ["JobResult", "PartitionFailure", "run_job", "OUTPUT_BATCH_RECORDS"]
+__all__ = ["JobResult", "OutputWriter", "PartitionFailure", "run_job", "OUTPUT_BATCH_RECORDS"]
 
 #: Records per output batch at most.
 OUTPUT_BATCH_RECORDS = 65_536
@@ -103,8 +103,8 @@ def _offsets(batch: Mapping[str, Any]) -> np.ndarray:
     return np.fromiter(bitmap, dtype=np.int64, count=len(bitmap)) + base
 
 
-class _Output:
-    """Accumulates kept records into batches and batches into output files."""
+class OutputWriter:
+    """Accumulates kept records into batches and batches into output files (of about ``target_bytes``)."""
 
     def __init__(self, write_file: Callable[[bytes, list[BatchEntry]], FileEntry], config: StoreConfig,
                  target_bytes: int) -> None:
@@ -200,7 +200,7 @@ def run_job(
     """Run ``plan`` over the live batches of its input files; write outputs through ``write_file``."""
     result = JobResult(map_capacity=offset_map.capacity if offset_map is not None else 0)
     streams = _Streams(storage)
-    output = _Output(write_file, config, target_file_bytes)
+    output = OutputWriter(write_file, config, target_file_bytes)
     try:
         for partition in sorted(batches_by_partition):
             batches = batches_by_partition[partition]
@@ -255,7 +255,7 @@ def _pass_one(first_dirty: int, first_uncleanable: int, batches: Sequence[Mappin
     return limit
 
 
-def _pass_two(partition: int, batches: Sequence[Mapping[str, Any]], streams: _Streams, output: _Output,
+def _pass_two(partition: int, batches: Sequence[Mapping[str, Any]], streams: _Streams, output: OutputWriter,
               offset_map: OffsetMap, seed: int, round_end: int, config: StoreConfig, now_ms: int,
               result: JobResult) -> None:
     for batch in batches:
@@ -311,7 +311,7 @@ def _horizon_runs(kept: np.ndarray, values: Sequence[bytes | None], offsets: np.
     yield start, len(kept), current
 
 
-def _copy(partition: int, batches: Sequence[Mapping[str, Any]], streams: _Streams, output: _Output,
+def _copy(partition: int, batches: Sequence[Mapping[str, Any]], streams: _Streams, output: OutputWriter,
           result: JobResult) -> None:
     for batch in batches:
         record_batch = streams.read("B", batch)

@@ -91,7 +91,10 @@ class OffsetMap:
         out = np.full(n, -1, dtype=np.int64)
         pos = self._home(hi)
         todo = np.arange(n)
-        while len(todo):
+        # At most ``slots`` probes: with load factor 1.0 a full table has no empty slot to stop at.
+        for _probe in range(self.slots):
+            if not len(todo):
+                break
             p = pos[todo]
             th, tl = self._hi[p], self._lo[p]
             empty = (th == 0) & (tl == 0)

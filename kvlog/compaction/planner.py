@@ -159,7 +159,15 @@ def plan_compaction(
             clean[p] = found
     if clean and not blocked:
         return Plan("clean", tuple(f.file_id for f in ordered), 2, clean)
-    level0 = [f for f in ordered if f.level == 0 and f.file_id not in blocked]
-    if len(level0) >= config.l0_merge_files:
-        return Plan("merge", tuple(f.file_id for f in level0), 1)
+    # A merge takes a contiguous run of L0 files in commit order: skipping a blocked file (or
+    # a higher-level one) would interleave the run's offset ranges with the skipped file's.
+    runs: list[list[FileInfo]] = [[]]
+    for f in ordered:
+        if f.level == 0 and f.file_id not in blocked:
+            runs[-1].append(f)
+        elif runs[-1]:
+            runs.append([])
+    for level0 in runs:
+        if len(level0) >= config.l0_merge_files:
+            return Plan("merge", tuple(f.file_id for f in level0), 1)
     return None

@@ -90,7 +90,7 @@ class Log:
 
     def __init__(
         self, storage: Storage, identity: Identity, env: LmdbEnv, config: StoreConfig,
-        clock: Clock, ids: IdSource, read_only: bool, owns_storage: bool,
+        clock: Clock, ids: IdSource, read_only: bool, owns_storage: bool, maintain_index: bool = True,
     ) -> None:
         self.storage = storage
         self.identity = identity
@@ -106,8 +106,10 @@ class Log:
         self._own: dict[str, dict[tuple[str, int], pa.RecordBatch]] = {}
         self._closed = False
         self._settings = ApplySettings(
-            config.producer_id_expiration_ms, config.file_delete_delay_ms, config.inline_value_bytes
+            config.producer_id_expiration_ms, config.file_delete_delay_ms, config.inline_value_bytes,
+            maintain_index,
         )
+        self.maintain_index = maintain_index
         self.commits_written = 0
         self.commits_applied = 0
 
@@ -466,7 +468,8 @@ class Log:
             meta.put_meta("index_ready", b"0")
 
         self.env.write(load)
-        self.rebuild_index()
+        if self.maintain_index:
+            self.rebuild_index()
 
     def rebuild_index(self) -> None:
         """Rebuild the key index by reading every live batch in offset order."""
@@ -642,8 +645,13 @@ def open_log(
     config: StoreConfig | None = None,
     clock: Clock | None = None,
     ids: IdSource | None = None,
+    maintain_index: bool = True,
 ) -> Log:
-    """Open (or create) the log at ``uri`` and bring its metadata cache up to date."""
+    """Open (or create) the log at ``uri`` and bring its metadata cache up to date.
+
+    ``maintain_index=False`` keeps the metadata only, leaving the key index to a bulk
+    load (see ``spark_ext.rebuild_index``); such a cache is marked as having no index.
+    """
     clock = clock or SystemClock()
     ids = ids or SystemIdSource()
     if isinstance(uri, Storage):
@@ -667,7 +675,7 @@ def open_log(
         if owns:
             storage.close()
         raise
-    the_log = Log(storage, identity, env, cfg, clock, ids, read_only, owns)
+    the_log = Log(storage, identity, env, cfg, clock, ids, read_only, owns, maintain_index)
     try:
         _catch_up(the_log)
     except BaseException:
@@ -719,6 +727,8 @@ def _catch_up(the_log: Log) -> None:
 
     if the_log.env.write(check_uuid):
         log.info("metadata cache at %s rebuilt for store %s", the_log.env.path, the_log.identity.store_uuid)
+    if not the_log.maintain_index:
+        the_log.env.write(lambda txn: MetaTxn(the_log.env, txn).put_meta("index_ready", b"0"))
     version = the_log.version
     newest_checkpoint = 0
     for info in the_log.storage.list(LOG_PREFIX):
@@ -731,7 +741,7 @@ def _catch_up(the_log: Log) -> None:
         version == 0 or not the_log.storage.exists(commit_name(version + 1))
     ):
         the_log.load_checkpoint(newest_checkpoint)
-    elif the_log.snapshot(lambda r: r.get_meta("index_ready")) == b"0":
+    elif the_log.maintain_index and the_log.snapshot(lambda r: r.get_meta("index_ready")) == b"0":
         the_log.rebuild_index()
     the_log.refresh()
 

@@ -49,6 +49,8 @@ class ApplySettings:
     producer_id_expiration_ms: int
     file_delete_delay_ms: int
     inline_value_bytes: int
+    maintain_index: bool = True
+    """False: replay keeps the metadata only (a bulk index load follows)."""
 
 
 def resolved_batch(file: FileEntry, batch: BatchEntry, base: int, last: int) -> dict[str, Any]:
@@ -153,7 +155,8 @@ def _apply_append(
             continue
         txn.put_batch(batch.partition, last, resolved_batch(file, batch, base, last))
         live_batches.setdefault(file.file_id, []).append([batch.partition, last])
-        index_batch(txn, batch.partition, base, source(file, i), settings.inline_value_bytes)
+        if settings.maintain_index:
+            index_batch(txn, batch.partition, base, source(file, i), settings.inline_value_bytes)
     for file in commit.add:
         if file.file_id in live_batches:
             txn.put_file(file.file_id, _file_value(file, live_batches[file.file_id], commit.version,

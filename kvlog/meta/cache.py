@@ -382,6 +382,21 @@ class MetaTxn(MetaReader):
             with self.txn.cursor(db=db) as cur:
                 cur.putmulti(puts)
 
+    def index_put_many(self, items: list[tuple[bytes, int, int, bytes]], inline_limit: int) -> None:
+        """Bulk-load ``(key, partition, offset, value)`` entries (a rebuilt index)."""
+        head = _INDEX_HEAD.pack
+        puts = []
+        for key, partition, offset, value in items:
+            if len(key) > DIRECT_KEY_BYTES:
+                self.index_put(key, partition, offset, value if len(value) <= inline_limit else None)
+            elif len(value) <= inline_limit:
+                puts.append((key, head(partition, offset, _INLINE) + value))
+            else:
+                puts.append((key, head(partition, offset, 0)))
+        if puts:
+            with self.txn.cursor(db=self._db["index"]) as cur:
+                cur.putmulti(puts)
+
     def index_delete(self, key: bytes) -> None:
         self.txn.delete(encode_index_key(key), db=self._db["index"])
 

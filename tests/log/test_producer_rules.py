@@ -568,6 +568,7 @@ class LogProducerMachine(RuleBasedStateMachine):
         self.dir = Path(tempfile.mkdtemp(prefix="kvlog-producer-sm-"))
         self.clock = ManualClock(T0)
         self.caches = 0
+        self.opens = 0
         self.model = RefRules(EXP)
         self.records: dict[int, list[tuple[bytes, bytes]]] = {p: [] for p in range(PARTS)}
         self.serial = 0
@@ -579,10 +580,11 @@ class LogProducerMachine(RuleBasedStateMachine):
     def _open(self, *, fresh_cache: bool) -> Log:
         if fresh_cache:
             self.caches += 1
+        self.opens += 1
         config = StoreConfig(partitions=PARTS, producer_id_expiration_ms=EXP, checkpoint_interval=4)
         return open_log(
             LocalStorage(self.dir / "root", fsync=False), cache_dir=self.dir / f"cache{self.caches}",
-            partitions=PARTS, config=config, clock=self.clock, ids=SeededIdSource(self.caches),
+            partitions=PARTS, config=config, clock=self.clock, ids=SeededIdSource(self.opens),
         )
 
     def teardown(self) -> None:

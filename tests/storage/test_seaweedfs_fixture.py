@@ -58,6 +58,7 @@ def test_missing_binary_names_the_package(monkeypatch: pytest.MonkeyPatch, tmp_p
         find_weed()
 
 
+@pytest.mark.s3
 def test_start_and_stop_a_second_server() -> None:
     with SeaweedServer() as server:
         pid = server.pid

@@ -1,0 +1,93 @@
+"""kvlog's benchmark suite: kvlog side by side with its anchors (py-lmdb, sqlite3, a dict, raw S3).
+
+``kvlog bench [--quick] [--out FILE]`` (or ``python benchmarks/run.py``) runs
+:func:`run_suite`, prints a table, writes the results as JSON and draws PNG
+bar charts of the ratios next to it. The method of every benchmark is written
+into the JSON; ``benchmarks/README.md`` explains the file and the figures.
+Not part of the default test run (``tests/test_bench_quick.py`` runs a tiny
+configuration to keep the suite working).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvlog.bench.suite import Settings
+
+# The suite (numpy, lmdb, kvlog) is imported only when a benchmark runs, so building the
+# ``kvlog`` command line stays cheap.
+__all__ = ["run", "main", "main_from_args", "add_arguments", "DEFAULT_OUT"]
+
+DEFAULT_OUT = "benchmarks/results/latest.json"
+
+
+def run(
+    settings: Settings, out: str | Path | None = DEFAULT_OUT, *, plots: bool = True,
+    table: bool = True, **options: Any,
+) -> dict[str, Any]:
+    """Run the suite, print the table, write ``out`` and its charts; return the document."""
+    from kvlog.bench.report import plot, render_table, write_json
+    from kvlog.bench.suite import run_suite
+
+    document = run_suite(settings, **options)
+    if out is not None:
+        target = Path(out)
+        document["plots"] = [str(p) for p in plot(document, target)] if plots else []
+        write_json(document, target)
+    if table:
+        render_table(document)
+        if out is not None:
+            print(f"results: {out}" + "".join(f"\nchart: {p}" for p in document.get("plots", [])))
+    return document
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``bench`` options (shared by ``kvlog bench`` and ``benchmarks/run.py``)."""
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes (50k records, memory at 20k vs 200k keys), about a minute")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"results JSON (default: {DEFAULT_OUT})")
+    parser.add_argument("--only", action="append",
+                        help="run only benchmarks whose id starts with this (repeatable): log, store, "
+                             "store.gets…")
+    parser.add_argument("--work-dir", help="where the temporary stores go (default: the system temp)")
+    parser.add_argument("--records", type=int, help="override the number of records")
+    parser.add_argument("--repeats", type=int, help="override the number of runs per figure")
+    parser.add_argument("--no-s3", action="store_true", help="skip the SeaweedFS benchmarks")
+    parser.add_argument("--no-plot", action="store_true", help="do not draw the PNG charts")
+    parser.add_argument("--settings", help="JSON object of StoreConfig settings for kvlog stores")
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    """Run from parsed :func:`add_arguments` options; the exit code (1 if a benchmark failed)."""
+    from kvlog.bench.suite import settings_for
+
+    overrides: dict[str, Any] = {}
+    if args.records:
+        overrides["records"] = args.records
+    if args.repeats:
+        overrides["repeats"] = args.repeats
+    if args.no_s3:
+        overrides["seaweedfs"] = False
+    if args.settings:
+        overrides["store_settings"] = json.loads(args.settings)
+    settings = settings_for("quick" if args.quick else "full", **overrides)
+    document = run(settings, args.out, plots=not args.no_plot, work_dir=args.work_dir,
+                   only=args.only)
+    return 1 if any(e["status"] == "error" for e in document["benchmarks"]) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m kvlog.bench`` / ``benchmarks/run.py``."""
+    parser = argparse.ArgumentParser(prog="kvlog bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return main_from_args(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

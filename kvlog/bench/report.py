@@ -1,0 +1,175 @@
+"""Presenting results: a rich table, the JSON file, and PNG bar charts of the ratios."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["render_table", "write_json", "plot", "format_value", "rows"]
+
+
+def format_value(value: float | None, unit: str) -> str:
+    """A figure with its unit, rounded for reading."""
+    if value is None:
+        return "-"
+    if unit in ("ms", "MiB"):
+        return f"{value:,.1f} {unit}" if value >= 10 else f"{value:,.2f} {unit}"
+    if value >= 100:
+        return f"{value:,.0f} {unit}"
+    return f"{value:,.1f} {unit}"
+
+
+def _figure(m: dict[str, Any]) -> str:
+    text = format_value(m["value"], m["unit"])
+    lat = m.get("latency_ms")
+    if lat and lat.get("samples") and m["unit"] != "ms":
+        text += f"\n(p50 {lat['p50']:.3g} / p99 {lat['p99']:.3g} ms)"
+    elif lat and lat.get("samples"):
+        text += f"\n(p99 {lat['p99']:.3g} ms)"
+    return text
+
+
+def rows(document: dict[str, Any]) -> list[dict[str, str]]:
+    """One row per (benchmark, anchor): the table's content as plain strings."""
+    out: list[dict[str, str]] = []
+    for entry in document["benchmarks"]:
+        if entry["status"] != "ok":
+            goal = entry.get("goal")
+            out.append({"benchmark": entry["title"], "kvlog": entry["status"], "anchor": "",
+                        "anchor_value": "", "ratio": "", "goal": goal["text"] if goal else "",
+                        "result": entry["status"], "note": entry.get("reason", "")[:200]})
+            continue
+        goal = entry.get("goal")
+        for i, anchor in enumerate(entry["anchors"]):
+            ratio = entry["ratios"][anchor["key"]]["ratio"]
+            row = {
+                "benchmark": entry["title"] if i == 0 else "",
+                "kvlog": _figure(entry["subject"]) if i == 0 else "",
+                "anchor": anchor["name"],
+                "anchor_value": _figure(anchor),
+                "ratio": "-" if ratio is None else f"{ratio:.3g}x",
+                "goal": "", "result": "", "note": "",
+            }
+            if goal is not None and (goal.get("anchor") == anchor["key"]
+                                     or ("anchor" not in goal and i == 0)):
+                row["goal"] = goal["text"]
+                row["result"] = {True: "pass", False: "MISS", None: "-"}[goal["met"]]
+                if "metric" in goal and goal.get("value") is not None:
+                    row["note"] = f"growth {goal['value']:.1f} MiB"
+            out.append(row)
+    return out
+
+
+def render_table(document: dict[str, Any], file: IO[str] | None = None) -> None:
+    """Print the results as a table (plain text when ``file`` is not a terminal)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    machine = document["machine"]
+    title = (f"kvlog bench ({document['mode']}), {document['date']}, {machine['cpu']}, "
+             f"{machine['cores']} cores, {machine['memory_gib']} GiB, Python {machine['python']}, "
+             f"{document['wall_seconds']:.0f} s")
+    table = Table(title=title, show_lines=True)
+    for name, justify in (("benchmark", "left"), ("kvlog", "right"), ("anchor", "left"),
+                          ("anchor value", "right"), ("kvlog / anchor", "right"), ("goal", "left"),
+                          ("result", "center")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in rows(document):
+        result = row["result"]
+        style = {"pass": "green", "MISS": "bold red", "error": "bold red", "skipped": "yellow"}.get(result)
+        result_text = f"[{style}]{result}[/{style}]" if style else result
+        goal = row["goal"] + (f"\n{row['note']}" if row["note"] else "")
+        table.add_row(row["benchmark"], row["kvlog"], row["anchor"], row["anchor_value"],
+                      row["ratio"], goal, result_text)
+    console = Console(file=file, width=max(150, Console(file=file).width))
+    console.print(table)
+
+
+def write_json(document: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write the results document (pretty-printed, keys in a stable order)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(target.suffix + ".tmp")
+    tmp.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, target)
+    return target
+
+
+def plot(document: dict[str, Any], out_json: str | os.PathLike[str]) -> list[Path]:
+    """PNG bar charts next to ``out_json``: ``<stem>_ratios.png`` and ``<stem>_memory.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = Path(out_json)
+    written: list[Path] = []
+    labels: list[str] = []
+    speedups: list[float] = []
+    colors: list[str] = []
+    goal_marks: list[tuple[int, float]] = []
+    for entry in document["benchmarks"]:
+        if entry["status"] != "ok" or entry["id"] == "store.memory":
+            continue
+        goal = entry.get("goal")
+        for anchor in entry["anchors"]:
+            speedup = entry["ratios"][anchor["key"]]["speedup"]
+            if speedup is None:
+                continue
+            labels.append(f"{entry['title']}\nvs {anchor['name']}")
+            speedups.append(speedup)
+            if goal is not None and goal.get("anchor") == anchor["key"]:
+                colors.append("tab:green" if goal["met"] else "tab:red")
+                goal_marks.append((len(labels) - 1, float(goal["min_ratio"])))
+            else:
+                colors.append("tab:blue" if speedup >= 1 else "tab:gray")
+    if labels:
+        fig, ax = plt.subplots(figsize=(11, 0.55 * len(labels) + 1.6))
+        y = list(range(len(labels)))
+        ax.barh(y, speedups, color=colors)
+        ax.set_xscale("log")
+        ax.axvline(1.0, color="black", linewidth=1)
+        for row, target in goal_marks:
+            ax.plot([target, target], [row - 0.4, row + 0.4], color="black", linewidth=2.5)
+        for row, value in enumerate(speedups):
+            ax.text(value, row, f" {value:.2g}x", va="center", fontsize=8)
+        ax.set_yticks(y)
+        ax.set_yticklabels(labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("kvlog speed relative to the anchor (log scale; > 1: kvlog faster; "
+                      "latency: anchor / kvlog). Black ticks: goals.")
+        ax.set_title(f"kvlog bench ({document['mode']}), {document['date']}: kvlog vs anchors, same run")
+        fig.tight_layout()
+        path = base.with_name(base.stem + "_ratios.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    memory = next((e for e in document["benchmarks"]
+                   if e["id"] == "store.memory" and e["status"] == "ok"), None)
+    if memory is not None:
+        small = memory["anchors"][0]
+        large = memory["subject"]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        names = [small["name"], large["name"]]
+        details = [small.get("detail", {}), large.get("detail", {})]
+        peaks = [small["value"], large["value"]]
+        baseline = [d.get("baseline_kib", 0) / 1024 for d in details]
+        ax.bar(names, peaks, color=["tab:blue", "tab:red" if not memory["goal"]["met"] else "tab:green"],
+               label="peak RssAnon")
+        ax.bar(names, baseline, color="lightgray", label="after imports")
+        ax.axhline(peaks[0] + memory["goal"]["max"], color="black", linestyle="--",
+                   label=f"goal: small peak + {memory['goal']['max']:.0f} MiB")
+        for i, value in enumerate(peaks):
+            ax.text(i, value, f"{value:.0f} MiB", ha="center", va="bottom")
+        ax.set_ylabel("MiB")
+        ax.set_title(f"peak anonymous RSS, growth {memory['growth_mib']:.0f} MiB "
+                     f"({document['mode']}, {document['date'][:10]})")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = base.with_name(base.stem + "_memory.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

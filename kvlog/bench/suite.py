@@ -1,0 +1,1009 @@
+"""The benchmark suite: kvlog measured side by side with its anchors in the same run.
+
+Every benchmark produces one *entry*: the kvlog figure (the *subject*), one or
+more *anchors* measured in the same process on the same data just before or
+after it, the ratios ``subject / anchor``, and, where there is one, a goal
+with its outcome. Throughputs are the median of ``repeats`` runs; latencies
+are per-operation ``perf_counter`` samples summarised as p50/p90/p99.
+
+Groups (issue numbers of the project's tracker):
+
+``log`` (issue 3)
+    ``Producer.append`` of 1000-record batches vs py-lmdb puts in one
+    transaction; durable flushes per second on local disk and on SeaweedFS vs
+    one synced LMDB transaction per put (local) or one raw S3 PUT (SeaweedFS);
+    commit latency on SeaweedFS vs a raw conditional S3 PUT.
+``store`` (issue 4)
+    buffered puts + flush vs py-lmdb (one transaction) and sqlite3
+    (``executemany``, WAL, one transaction); random gets vs py-lmdb and a
+    dict; a full scan vs an LMDB cursor; durable writes from 16 threads vs
+    LMDB with one synced transaction per put; peak anonymous memory at two
+    store sizes, each in a fresh process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import lmdb
+import numpy as np
+
+import kvlog
+from kvlog.bench.data import KEY_BYTES, VALUE_BYTES, make_keys, make_values, median, percentiles
+from kvlog.bench.machine import machine_info
+from kvlog.clock import SystemClock
+
+__all__ = ["Settings", "FULL", "QUICK", "TINY", "run_suite", "SCHEMA"]
+
+SCHEMA = "kvlog-bench/1"
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes and durations of one suite run."""
+
+    mode: str
+    records: int
+    """Records of the store benchmarks (puts, gets, scan)."""
+    repeats: int
+    """Runs of each throughput measurement; the median is reported."""
+    append_batches: int
+    """1000-record batches appended per run of the log benchmark."""
+    durable_seconds: float
+    """Length of each time-bounded durable-write run."""
+    commit_samples: int
+    """Appends timed one by one for the SeaweedFS commit latency."""
+    rss_sizes: tuple[int, int]
+    """Store sizes (keys) of the two memory runs."""
+    latency_samples: int = 20_000
+    """Gets timed one by one for the get latency percentiles."""
+    rss_gets: int = 20_000
+    append_batch_records: int = 1000
+    commit_batch_records: int = 10
+    threads: int = 16
+    seaweedfs: bool = True
+    seed: int = 0
+    store_settings: dict[str, Any] = field(default_factory=dict)
+    """StoreConfig settings of every kvlog store the suite opens (default: none, the defaults)."""
+
+
+FULL = Settings("full", records=1_000_000, repeats=3, append_batches=200, durable_seconds=5.0,
+                commit_samples=500, rss_sizes=(100_000, 5_000_000))
+QUICK = Settings("quick", records=50_000, repeats=3, append_batches=20, durable_seconds=1.0,
+                 commit_samples=100, rss_sizes=(20_000, 200_000), latency_samples=5_000)
+TINY = Settings("tiny", records=3_000, repeats=1, append_batches=3, durable_seconds=0.3,
+                commit_samples=20, rss_sizes=(2_000, 10_000), latency_samples=1_000, rss_gets=1_000)
+
+#: Goals printed next to the figures (not asserted).
+GOALS: dict[str, dict[str, Any]] = {
+    "store.puts": {"anchor": "lmdb", "min_ratio": 1.0, "text": "puts >= 1.0x raw LMDB"},
+    "store.gets": {"anchor": "lmdb", "min_ratio": 0.5, "text": "gets >= 0.5x raw LMDB"},
+    "store.scan": {"anchor": "lmdb_cursor", "min_ratio": 0.5, "text": "scan >= 0.5x LMDB cursor"},
+    "store.memory": {"metric": "growth_mib", "max": 64.0, "text": "RssAnon growth < 64 MiB"},
+}
+
+GENERAL_METHOD = (
+    "Each benchmark runs kvlog and its anchors in the same process, one after the other, on the "
+    "same records: 16-byte keys (two SplitMix64 words of the record index, distinct and "
+    "random-looking, so inserts land in random B-tree positions) and 100-byte values from "
+    "numpy.random.default_rng(seed) (incompressible). Durations come from time.perf_counter. "
+    "Throughputs are the median of `repeats` runs (every run listed in `runs`); each run of a "
+    "write benchmark starts from a new, empty store or database in a new directory under the "
+    "work directory, on the local disk (see machine.work_dir_filesystem). Latencies are "
+    "per-operation samples (p50/p90/p99 in milliseconds). kvlog stores use the default "
+    "StoreConfig (recorded in `store_config`) unless `settings.store_settings` says otherwise. "
+    "The Python garbage collector stays on, as in real use. Ratios are kvlog / anchor in the "
+    "benchmark's unit; `speedup` turns it so that > 1 always means kvlog is faster. Goals are "
+    "printed, not asserted."
+)
+
+
+# -- results -----------------------------------------------------------------------------------
+
+def measurement(key: str, name: str, unit: str, runs: Sequence[float], *,
+                latencies_s: Sequence[float] | None = None, **extra: Any) -> dict[str, Any]:
+    """One measured figure: the median of ``runs``, every run, and latency percentiles."""
+    out: dict[str, Any] = {"key": key, "name": name, "unit": unit, "value": median(runs),
+                           "runs": [float(r) for r in runs]}
+    if latencies_s is not None:
+        out["latency_ms"] = percentiles(latencies_s)
+    out.update(extra)
+    return out
+
+
+def make_entry(bench_id: str, group: str, issue: int, title: str, method: str,
+               subject: dict[str, Any], anchors: list[dict[str, Any]], *,
+               higher_is_better: bool = True, seconds: float = 0.0, **extra: Any) -> dict[str, Any]:
+    """A benchmark's entry: subject, anchors, ratios and the goal's outcome."""
+    ratios: dict[str, dict[str, float | None]] = {}
+    for anchor in anchors:
+        value = anchor["value"]
+        ratio = subject["value"] / value if value else None
+        speedup = None if ratio is None or ratio == 0 else (ratio if higher_is_better else 1.0 / ratio)
+        ratios[anchor["key"]] = {"ratio": ratio, "speedup": speedup}
+    entry: dict[str, Any] = {
+        "id": bench_id, "group": group, "issue": issue, "title": title, "status": "ok",
+        "unit": subject["unit"], "higher_is_better": higher_is_better, "method": method,
+        "subject": subject, "anchors": anchors, "ratios": ratios, "seconds": seconds,
+    }
+    entry.update(extra)
+    goal = GOALS.get(bench_id)
+    if goal is not None:
+        entry["goal"] = evaluate_goal(goal, entry)
+    return entry
+
+
+def evaluate_goal(goal: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """The goal with its measured value and ``met`` (True/False, None when not measurable)."""
+    out = dict(goal)
+    if "anchor" in goal:
+        value = entry["ratios"].get(goal["anchor"], {}).get("ratio")
+        out["value"] = value
+        out["met"] = None if value is None else bool(value >= goal["min_ratio"])
+    else:
+        value = entry.get(goal["metric"])
+        out["value"] = value
+        out["met"] = None if value is None else bool(value < goal["max"])
+    return out
+
+
+def failed_entry(bench_id: str, group: str, issue: int, title: str, status: str,
+                 reason: str) -> dict[str, Any]:
+    """An entry for a benchmark that could not run (``skipped``) or raised (``error``)."""
+    entry: dict[str, Any] = {"id": bench_id, "group": group, "issue": issue, "title": title,
+                             "status": status, "reason": reason, "subject": None, "anchors": [],
+                             "ratios": {}}
+    goal = GOALS.get(bench_id)
+    if goal is not None:
+        entry["goal"] = {**goal, "value": None, "met": None}
+    return entry
+
+
+# -- progress ----------------------------------------------------------------------------------
+
+class Progress:
+    """A rich progress bar on a terminal; silent otherwise."""
+
+    def __init__(self, total: int, enabled: bool | None = None) -> None:
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self._total = total
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Progress:
+        if self.enabled:
+            from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(),
+                                     TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                                     transient=True)
+            self._bar.__enter__()
+            self._task = self._bar.add_task("kvlog bench", total=self._total)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+
+    def describe(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, description=text)
+
+    def advance(self) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task)
+
+
+# -- the run's context ---------------------------------------------------------------------------
+
+class Context:
+    """What the benchmarks share: settings, data, a work directory, the store left by the puts."""
+
+    def __init__(self, settings: Settings, work: Path, bar: Progress) -> None:
+        self.settings = settings
+        self.work = work
+        self.bar = bar
+        self.keys = make_keys(0, settings.records, settings.seed)
+        self.values = make_values(0, settings.records, settings.seed)
+        self._dirs = 0
+        # Left by the puts benchmark for the gets and scan benchmarks.
+        self.store: kvlog.Store | None = None
+        self.lmdb_env: Any = None
+        self.seaweed: Any = None
+
+    def new_dir(self, name: str) -> Path:
+        self._dirs += 1
+        path = self.work / f"{self._dirs:03d}-{name}"
+        path.mkdir(parents=True)
+        return path
+
+    def open_store(self, uri: str | Path, **options: Any) -> kvlog.Store:
+        return kvlog.open(uri, **{**self.settings.store_settings, **options})
+
+    def lmdb_map_size(self, records: int) -> int:
+        # Generous: 1 KiB per record plus 64 MiB; the file is sparse, only used pages count.
+        return records * 1024 + 64 * MiB
+
+    def record(self, i: int) -> tuple[bytes, bytes]:
+        n = len(self.keys)
+        return self.keys[i % n], self.values[i % n]
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self.lmdb_env is not None:
+            self.lmdb_env.close()
+            self.lmdb_env = None
+        if self.seaweed is not None:
+            self.seaweed.stop()
+            self.seaweed = None
+
+
+def timed_loop(op: Callable[[int], object], seconds: float) -> tuple[int, float, list[float]]:
+    """Call ``op(i)`` for i = 0, 1, … until ``seconds`` have passed: (calls, elapsed, latencies)."""
+    latencies: list[float] = []
+    start = perf_counter()
+    end = start + seconds
+    i = 0
+    now = start
+    while now < end:
+        t0 = perf_counter()
+        op(i)
+        now = perf_counter()
+        latencies.append(now - t0)
+        i += 1
+    return i, now - start, latencies
+
+
+def threaded_loop(op: Callable[[int, int], object], threads: int,
+                  seconds: float) -> tuple[int, float, list[float]]:
+    """``threads`` threads call ``op(thread, i)`` for ``seconds``: (calls, elapsed, latencies)."""
+    barrier = threading.Barrier(threads + 1)
+    results: list[tuple[int, list[float]]] = [(0, [])] * threads
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        latencies: list[float] = []
+        count = 0
+        try:
+            barrier.wait()
+            end = perf_counter() + seconds
+            now = 0.0
+            while now < end:
+                t0 = perf_counter()
+                op(t, count)
+                now = perf_counter()
+                latencies.append(now - t0)
+                count += 1
+        except BaseException as e:  # reported by the caller
+            errors.append(e)
+        results[t] = (count, latencies)
+
+    workers = [threading.Thread(target=work, args=(t,), name=f"bench-{t}") for t in range(threads)]
+    for w in workers:
+        w.start()
+    barrier.wait()
+    start = perf_counter()
+    for w in workers:
+        w.join()
+    elapsed = perf_counter() - start
+    if errors:
+        raise errors[0]
+    return sum(c for c, _l in results), elapsed, [x for _c, lat in results for x in lat]
+
+
+# -- log benchmarks (issue 3) --------------------------------------------------------------------
+
+def bench_log_append(ctx: Context) -> dict[str, Any]:
+    """(a) Producer.append of 1000-record batches vs py-lmdb puts in one transaction."""
+    s = ctx.settings
+    size = s.append_batch_records
+    total = s.append_batches * size
+    batches = []
+    for b in range(s.append_batches):
+        batches.append([ctx.record(b * size + i) for i in range(size)])
+    kv_runs: list[float] = []
+    kv_lat: list[float] = []
+    lm_runs: list[float] = []
+    began = perf_counter()
+    for _ in range(s.repeats):
+        ctx.bar.describe("log: Producer.append (kvlog)")
+        store = ctx.open_store(ctx.new_dir("append"))
+        try:
+            producer = store.log.producer()
+            partitions = store.log.partitions
+            sequence = [0] * partitions
+            t0 = perf_counter()
+            for b, records in enumerate(batches):
+                p = b % partitions
+                a0 = perf_counter()
+                producer.append(p, records, base_sequence=sequence[p])
+                kv_lat.append(perf_counter() - a0)
+                sequence[p] += len(records)
+            kv_runs.append(total / (perf_counter() - t0))
+            ends = sum(store.log.end_offset(p) for p in range(partitions))
+            if ends != total:
+                raise AssertionError(f"appended {total} records but the partitions end at {ends}")
+        finally:
+            store.close()
+        ctx.bar.describe("log: py-lmdb puts, one transaction")
+        env = lmdb.open(str(ctx.new_dir("append-lmdb")), map_size=ctx.lmdb_map_size(total))
+        try:
+            t0 = perf_counter()
+            with env.begin(write=True) as txn:
+                put = txn.put
+                for records in batches:
+                    for k, v in records:
+                        put(k, v)
+            lm_runs.append(total / (perf_counter() - t0))
+        finally:
+            env.close()
+    method = (
+        f"kvlog: a new local store per run; one producer (store.log.producer()) appends "
+        f"{s.append_batches} batches of {size} records (list of (key, value) tuples prepared "
+        f"beforehand) round-robin over the partitions with base_sequence tracked per partition; "
+        f"each append is durable on return (one data file + one commit, fsynced). Records/s = "
+        f"{total} / wall time of all appends; latency = each append call. Anchor: the same "
+        f"records put with txn.put into a new py-lmdb environment (defaults: sync=True, "
+        f"metasync=True) in one write transaction, commit included."
+    )
+    return make_entry(
+        "log.append", "log", 3, f"Producer.append, {size}-record batches", method,
+        measurement("kvlog", "kvlog Producer.append", "records/s", kv_runs, latencies_s=kv_lat,
+                    records=total, batch_records=size),
+        [measurement("lmdb", "py-lmdb puts, one txn", "records/s", lm_runs, records=total)],
+        seconds=perf_counter() - began,
+    )
+
+
+def _lmdb_synced_puts(ctx: Context, threads: int) -> tuple[list[float], list[float]]:
+    """Runs (ops/s) and latencies of one synced LMDB write transaction per put."""
+    s = ctx.settings
+    runs: list[float] = []
+    lat: list[float] = []
+    for _ in range(s.repeats):
+        env = lmdb.open(str(ctx.new_dir("lmdb-sync")), map_size=ctx.lmdb_map_size(len(ctx.keys)),
+                        sync=True, metasync=True, max_spare_txns=threads)
+        try:
+            def op(t: int, i: int, env: Any = env) -> None:
+                k, v = ctx.record(t + threads * i)
+                with env.begin(write=True) as txn:
+                    txn.put(k, v)
+
+            if threads == 1:
+                n, elapsed, latencies = timed_loop(lambda i: op(0, i), s.durable_seconds)
+            else:
+                n, elapsed, latencies = threaded_loop(op, threads, s.durable_seconds)
+            runs.append(n / elapsed)
+            lat.extend(latencies)
+        finally:
+            env.close()
+    return runs, lat
+
+
+def _kvlog_durable(ctx: Context, open_store: Callable[[], kvlog.Store], *,
+                   flush_loop: bool) -> tuple[list[float], list[float]]:
+    """Runs (flushes/s) and latencies of put(sync=True), or of put + flush(), on one thread."""
+    s = ctx.settings
+    runs: list[float] = []
+    lat: list[float] = []
+    for _ in range(s.repeats):
+        store = open_store()
+        try:
+            if flush_loop:
+                def op(i: int, store: kvlog.Store = store) -> None:
+                    k, v = ctx.record(i)
+                    store.put(k, v)
+                    store.flush()
+            else:
+                def op(i: int, store: kvlog.Store = store) -> None:
+                    k, v = ctx.record(i)
+                    store.put(k, v, sync=True)
+
+            n, elapsed, latencies = timed_loop(op, s.durable_seconds)
+            runs.append(n / elapsed)
+            lat.extend(latencies)
+        finally:
+            store.close()
+    return runs, lat
+
+
+def bench_log_durable_local(ctx: Context) -> list[dict[str, Any]]:
+    """(b) durable flushes per second on local disk vs synced LMDB transactions."""
+    began = perf_counter()
+    ctx.bar.describe("log: durable flushes, local (kvlog)")
+    sync_runs, sync_lat = _kvlog_durable(ctx, lambda: ctx.open_store(ctx.new_dir("sync")),
+                                         flush_loop=False)
+    flush_runs, flush_lat = _kvlog_durable(ctx, lambda: ctx.open_store(ctx.new_dir("flush")),
+                                           flush_loop=True)
+    ctx.bar.describe("log: synced LMDB transactions")
+    lm_runs, lm_lat = _lmdb_synced_puts(ctx, 1)
+    seconds = perf_counter() - began
+    anchor = measurement("lmdb_sync", "py-lmdb, one synced txn per put", "txn/s", lm_runs,
+                         latencies_s=lm_lat)
+    common = (
+        f"Local disk, one thread, time-bounded runs of {ctx.settings.durable_seconds:g} s, a new "
+        f"store per run. Each flush writes one L0 data file (fsync, rename, directory fsync) and "
+        f"one commit (put-if-absent by link, fsync) and applies it to the LMDB cache. Anchor: a "
+        f"new py-lmdb environment with sync=True, metasync=True and one write transaction per "
+        f"put (each commit fsyncs)."
+    )
+    return [
+        make_entry("log.durable_local_sync_put", "log", 3, "durable flushes/s, local, put(sync=True)",
+                   "kvlog: store.put(key, value, sync=True) in a loop; every call waits for its "
+                   "own flush. " + common,
+                   measurement("kvlog", "kvlog put(sync=True)", "flushes/s", sync_runs,
+                               latencies_s=sync_lat),
+                   [anchor], seconds=seconds),
+        make_entry("log.durable_local_flush_loop", "log", 3, "durable flushes/s, local, put + flush()",
+                   "kvlog: store.put(key, value) then store.flush() in a loop (one record per "
+                   "flush). " + common,
+                   measurement("kvlog", "kvlog put + flush()", "flushes/s", flush_runs,
+                               latencies_s=flush_lat),
+                   [anchor], seconds=0.0),
+    ]
+
+
+def _seaweed(ctx: Context) -> Any:
+    if ctx.seaweed is None:
+        from kvlog.testing.seaweedfs import SeaweedServer
+
+        server = SeaweedServer(base_dir=ctx.work)
+        server.start()
+        server.create_bucket("kvlog-bench")
+        ctx.seaweed = server
+    return ctx.seaweed
+
+
+def _raw_s3(server: Any) -> Any:
+    """An obstore client for the bench bucket, configured like kvlog's but with no kvlog code."""
+    from obstore.store import S3Store
+
+    options = server.storage_options
+    return S3Store(
+        "kvlog-bench",
+        config={"endpoint": options["endpoint_override"], "region": options["region"],
+                "access_key_id": options["access_key"], "secret_access_key": options["secret_key"]},
+        client_options={"allow_http": True},
+    )
+
+
+def bench_log_s3(ctx: Context) -> list[dict[str, Any]]:
+    """(b) durable flushes per second and (c) commit latency on SeaweedFS vs raw S3 PUTs."""
+    import obstore
+
+    s = ctx.settings
+    began = perf_counter()
+    ctx.bar.describe("log: starting SeaweedFS")
+    server = _seaweed(ctx)
+    stores = iter(range(1, 1_000_000))
+
+    def open_s3() -> kvlog.Store:
+        return ctx.open_store(server.uri("kvlog-bench", f"store-{next(stores)}"),
+                              storage_options=dict(server.storage_options),
+                              cache_dir=str(ctx.new_dir("s3-cache")))
+
+    ctx.bar.describe("log: durable flushes, SeaweedFS (kvlog)")
+    sync_runs, sync_lat = _kvlog_durable(ctx, open_s3, flush_loop=False)
+    flush_runs, flush_lat = _kvlog_durable(ctx, open_s3, flush_loop=True)
+
+    ctx.bar.describe("log: commit latency, SeaweedFS (kvlog)")
+    size = s.commit_batch_records
+    append_lat: list[float] = []
+    store = open_s3()
+    try:
+        producer = store.log.producer()
+        partitions = store.log.partitions
+        sequence = [0] * partitions
+        for b in range(s.commit_samples):
+            p = b % partitions
+            records = [ctx.record(b * size + i) for i in range(size)]
+            t0 = perf_counter()
+            producer.append(p, records, base_sequence=sequence[p])
+            append_lat.append(perf_counter() - t0)
+            sequence[p] += size
+        requests = store.stats().get("storage_requests")
+    finally:
+        store.close()
+
+    ctx.bar.describe("log: raw S3 PUTs")
+    client = _raw_s3(server)
+    body = bytes(1024)
+    names = iter(range(10**9))
+
+    def raw_put(_i: int) -> None:
+        obstore.put(client, f"raw/{next(names):012d}", body, mode="create", use_multipart=False)
+
+    raw_runs: list[float] = []
+    raw_lat: list[float] = []
+    for _ in range(s.repeats):
+        n, elapsed, latencies = timed_loop(raw_put, s.durable_seconds)
+        raw_runs.append(n / elapsed)
+        raw_lat.extend(latencies)
+    raw_commit_lat = []
+    for _ in range(s.commit_samples):
+        t0 = perf_counter()
+        raw_put(0)
+        raw_commit_lat.append(perf_counter() - t0)
+    seconds = perf_counter() - began
+    anchor = measurement("s3_put", "raw S3 PUT (If-None-Match), 1 KiB", "PUT/s", raw_runs,
+                         latencies_s=raw_lat)
+    common = (
+        f"SeaweedFS {server.endpoint} (weed mini on loopback, started by "
+        f"kvlog.testing.SeaweedServer), one thread, time-bounded runs of {s.durable_seconds:g} s, "
+        f"a new store prefix and LMDB cache per run. A kvlog flush is one PUT of the data file, "
+        f"one conditional PUT of the commit, and GETs to refresh the commit log. Anchor: raw "
+        f"obstore.put of a 1 KiB object with mode='create' (If-None-Match: *), one after the "
+        f"other, to the same server through a separate obstore client."
+    )
+    p50 = percentiles(append_lat).get("p50", 0.0)
+    raw_p50 = percentiles(raw_commit_lat).get("p50", 0.0)
+    return [
+        make_entry("log.durable_s3_sync_put", "log", 3, "durable flushes/s, SeaweedFS, put(sync=True)",
+                   "kvlog: store.put(key, value, sync=True) in a loop. " + common,
+                   measurement("kvlog", "kvlog put(sync=True)", "flushes/s", sync_runs,
+                               latencies_s=sync_lat),
+                   [anchor], seconds=seconds),
+        make_entry("log.durable_s3_flush_loop", "log", 3, "durable flushes/s, SeaweedFS, put + flush()",
+                   "kvlog: store.put(key, value) then store.flush() in a loop. " + common,
+                   measurement("kvlog", "kvlog put + flush()", "flushes/s", flush_runs,
+                               latencies_s=flush_lat),
+                   [anchor], seconds=0.0),
+        make_entry("log.commit_latency_s3", "log", 3,
+                   f"commit latency p50, SeaweedFS, {size}-record append",
+                   f"kvlog: {s.commit_samples} calls of Producer.append(partition, {size} records, "
+                   f"base_sequence=...) on one store, round-robin over partitions, each timed "
+                   f"alone (durable on return). The figure is the p50 latency (ms); p99 is in "
+                   f"latency_ms. Anchor: {s.commit_samples} raw conditional 1 KiB PUTs timed "
+                   f"alone. " + common,
+                   measurement("kvlog", "kvlog Producer.append", "ms", [p50],
+                               latencies_s=append_lat, storage_requests=requests),
+                   [measurement("s3_put", "raw S3 PUT (If-None-Match), 1 KiB", "ms", [raw_p50],
+                                latencies_s=raw_commit_lat)],
+                   higher_is_better=False, seconds=0.0),
+    ]
+
+
+# -- store benchmarks (issue 4) ------------------------------------------------------------------
+
+def bench_store_puts(ctx: Context) -> dict[str, Any]:
+    """Buffered puts then flush vs py-lmdb (one txn) and sqlite3 executemany (WAL, one txn)."""
+    s = ctx.settings
+    keys, values = ctx.keys, ctx.values
+    n = len(keys)
+    kv_runs: list[float] = []
+    lm_runs: list[float] = []
+    sq_runs: list[float] = []
+    flushes: list[int] = []
+    began = perf_counter()
+    for r in range(s.repeats):
+        ctx.bar.describe(f"store: {n:,} puts + flush (kvlog)")
+        if ctx.store is not None:
+            ctx.store.close()
+            ctx.store = None
+        store = ctx.open_store(ctx.new_dir("puts"))
+        put = store.put
+        t0 = perf_counter()
+        for k, v in zip(keys, values, strict=True):
+            put(k, v)
+        store.flush()
+        kv_runs.append(n / (perf_counter() - t0))
+        flushes.append(int(store.stats()["flushes"]))
+        ctx.store = store  # the last one serves the gets and the scan
+
+        ctx.bar.describe(f"store: {n:,} puts (py-lmdb)")
+        if ctx.lmdb_env is not None:
+            ctx.lmdb_env.close()
+        env = lmdb.open(str(ctx.new_dir("puts-lmdb")), map_size=ctx.lmdb_map_size(n))
+        t0 = perf_counter()
+        with env.begin(write=True) as txn:
+            lput = txn.put
+            for k, v in zip(keys, values, strict=True):
+                lput(k, v)
+        lm_runs.append(n / (perf_counter() - t0))
+        ctx.lmdb_env = env
+
+        ctx.bar.describe(f"store: {n:,} puts (sqlite3)")
+        db_path = ctx.new_dir("puts-sqlite") / "kv.db"
+        conn = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("CREATE TABLE kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID")
+            t0 = perf_counter()
+            conn.execute("BEGIN")
+            conn.executemany("INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)", zip(keys, values, strict=True))
+            conn.execute("COMMIT")
+            sq_runs.append(n / (perf_counter() - t0))
+            if r == 0:
+                (count,) = conn.execute("SELECT count(*) FROM kv").fetchone()
+                if count != n:
+                    raise AssertionError(f"sqlite holds {count} rows, not {n}")
+        finally:
+            conn.close()
+    method = (
+        f"{n:,} records. kvlog: a new local store per run; store.put(key, value) for every record "
+        f"(buffered: the background flusher writes L0 files as flush_bytes fill, writers flush "
+        f"themselves past max_unflushed_bytes), then store.flush(); records/s = n / (time of "
+        f"all puts + the final flush), so every record is durable and indexed at the end. "
+        f"Anchors: py-lmdb txn.put of every record in one write transaction of a new environment "
+        f"(sync=True, metasync=True), commit included; sqlite3 (stdlib) executemany of INSERT OR "
+        f"REPLACE into a WITHOUT ROWID table with a BLOB primary key, journal_mode=WAL, "
+        f"synchronous=FULL, one transaction, COMMIT included."
+    )
+    return make_entry(
+        "store.puts", "store", 4, "buffered puts + flush", method,
+        measurement("kvlog", "kvlog put x n + flush()", "records/s", kv_runs, records=n,
+                    flushes_per_run=flushes),
+        [measurement("lmdb", "py-lmdb puts, one txn", "records/s", lm_runs, records=n),
+         measurement("sqlite", "sqlite3 executemany, WAL, one txn", "records/s", sq_runs, records=n)],
+        seconds=perf_counter() - began,
+    )
+
+
+def _per_op_latency(get: Callable[[bytes], object], probe: Sequence[bytes]) -> list[float]:
+    out = []
+    for k in probe:
+        t0 = perf_counter()
+        get(k)
+        out.append(perf_counter() - t0)
+    return out
+
+
+def bench_store_gets(ctx: Context) -> dict[str, Any]:
+    """Random gets vs py-lmdb gets (one read txn, and a txn per get) and a dict."""
+    s = ctx.settings
+    store, env = ctx.store, ctx.lmdb_env
+    if store is None or env is None:
+        raise RuntimeError("the gets benchmark needs the store left by the puts benchmark")
+    n = len(ctx.keys)
+    order = np.random.default_rng(s.seed + 7).permutation(n)
+    probe = [ctx.keys[i] for i in order]
+    table = dict(zip(ctx.keys, ctx.values, strict=True))
+    began = perf_counter()
+
+    def run_kvlog() -> float:
+        get = store.get
+        missing = 0
+        t0 = perf_counter()
+        for k in probe:
+            if get(k) is None:
+                missing += 1
+        rate = n / (perf_counter() - t0)
+        if missing:
+            raise AssertionError(f"kvlog missed {missing} of {n} keys")
+        return rate
+
+    def run_lmdb() -> float:
+        missing = 0
+        t0 = perf_counter()
+        with env.begin() as txn:
+            get = txn.get
+            for k in probe:
+                if get(k) is None:
+                    missing += 1
+        rate = n / (perf_counter() - t0)
+        if missing:
+            raise AssertionError(f"lmdb missed {missing} of {n} keys")
+        return rate
+
+    def run_lmdb_txn() -> float:
+        missing = 0
+        begin = env.begin
+        t0 = perf_counter()
+        for k in probe:
+            with begin() as txn:
+                if txn.get(k) is None:
+                    missing += 1
+        rate = n / (perf_counter() - t0)
+        if missing:
+            raise AssertionError(f"lmdb missed {missing} of {n} keys")
+        return rate
+
+    def run_dict() -> float:
+        missing = 0
+        get = table.get
+        t0 = perf_counter()
+        for k in probe:
+            if get(k) is None:
+                missing += 1
+        rate = n / (perf_counter() - t0)
+        if missing:
+            raise AssertionError(f"dict missed {missing} of {n} keys")
+        return rate
+
+    runs: dict[str, list[float]] = {"kvlog": [], "lmdb": [], "lmdb_txn": [], "dict": []}
+    for _ in range(s.repeats):
+        for name, fn in (("kvlog", run_kvlog), ("lmdb", run_lmdb), ("lmdb_txn", run_lmdb_txn),
+                         ("dict", run_dict)):
+            ctx.bar.describe(f"store: {n:,} random gets ({name})")
+            runs[name].append(fn())
+    # Correctness on a sample, outside the timing.
+    for i in order[:1000]:
+        if store.get(ctx.keys[i]) != ctx.values[i]:
+            raise AssertionError("kvlog returned a wrong value")
+    sample = probe[: s.latency_samples]
+    ctx.bar.describe("store: get latencies")
+    kv_lat = _per_op_latency(store.get, sample)
+    with env.begin() as txn:
+        lm_lat = _per_op_latency(txn.get, sample)
+
+    def txn_get(k: bytes) -> object:
+        with env.begin() as txn:
+            return txn.get(k)
+
+    lt_lat = _per_op_latency(txn_get, sample)
+    d_lat = _per_op_latency(table.get, sample)
+    method = (
+        f"{n:,} gets of every key in a random permutation (numpy default_rng), on the store and "
+        f"the LMDB environment left by the last puts run (all records flushed; kvlog's values of "
+        f"<= inline_value_bytes are inlined in its LMDB key index). kvlog: store.get(key), which "
+        f"checks the memtable, then opens a read snapshot of its LMDB cache. Anchors: py-lmdb "
+        f"txn.get in one read transaction for all gets (the goal's anchor); py-lmdb with a new read "
+        f"transaction per get (what each kvlog get does); dict.get on a dict of the same records. "
+        f"Each loop counts missing keys (none allowed). Latencies: the first "
+        f"{len(sample):,} keys of the permutation, each get timed alone."
+    )
+    return make_entry(
+        "store.gets", "store", 4, "random gets", method,
+        measurement("kvlog", "kvlog get", "gets/s", runs["kvlog"], latencies_s=kv_lat),
+        [measurement("lmdb", "py-lmdb get, one read txn", "gets/s", runs["lmdb"], latencies_s=lm_lat),
+         measurement("lmdb_txn", "py-lmdb get, a read txn per get", "gets/s", runs["lmdb_txn"],
+                     latencies_s=lt_lat),
+         measurement("dict", "dict.get", "gets/s", runs["dict"], latencies_s=d_lat)],
+        seconds=perf_counter() - began,
+    )
+
+
+def bench_store_scan(ctx: Context) -> dict[str, Any]:
+    """A full scan vs an LMDB cursor iteration."""
+    s = ctx.settings
+    store, env = ctx.store, ctx.lmdb_env
+    if store is None or env is None:
+        raise RuntimeError("the scan benchmark needs the store left by the puts benchmark")
+    n = len(ctx.keys)
+    kv_runs: list[float] = []
+    lm_runs: list[float] = []
+    began = perf_counter()
+    for _ in range(s.repeats):
+        ctx.bar.describe(f"store: scan of {n:,} keys (kvlog)")
+        count = 0
+        t0 = perf_counter()
+        for _kv in store.scan():
+            count += 1
+        kv_runs.append(count / (perf_counter() - t0))
+        if count != n:
+            raise AssertionError(f"kvlog scanned {count} keys, not {n}")
+        ctx.bar.describe(f"store: scan of {n:,} keys (LMDB cursor)")
+        count = 0
+        t0 = perf_counter()
+        with env.begin() as txn:
+            for _kv in txn.cursor():
+                count += 1
+        lm_runs.append(count / (perf_counter() - t0))
+        if count != n:
+            raise AssertionError(f"LMDB cursor gave {count} keys, not {n}")
+    first = [k for k, _v in zip(store.scan(), range(5), strict=False)]
+    if [k for k, _v in first] != sorted(ctx.keys)[:5]:
+        raise AssertionError("kvlog's scan is not in key order")
+    method = (
+        f"A full scan of the {n:,} records left by the last puts run. kvlog: iterate "
+        f"store.scan() (key order, one LMDB snapshot merged with the memtable; values inline in "
+        f"the index) and count the (key, value) pairs. Anchor: iterate txn.cursor() of the py-lmdb "
+        f"environment holding the same records, yielding (key, value) bytes, in one read "
+        f"transaction. Both counts must equal n; kvlog's first keys are checked against sorted order."
+    )
+    return make_entry(
+        "store.scan", "store", 4, "full scan", method,
+        measurement("kvlog", "kvlog scan()", "records/s", kv_runs),
+        [measurement("lmdb_cursor", "py-lmdb cursor iteration", "records/s", lm_runs)],
+        seconds=perf_counter() - began,
+    )
+
+
+def bench_store_durable_threads(ctx: Context) -> dict[str, Any]:
+    """Durable writes/s from 16 threads with sync=True vs LMDB with one synced txn per put."""
+    s = ctx.settings
+    threads = s.threads
+    began = perf_counter()
+    kv_runs: list[float] = []
+    kv_lat: list[float] = []
+    flushes: list[int] = []
+    for _ in range(s.repeats):
+        ctx.bar.describe(f"store: durable writes, {threads} threads (kvlog)")
+        store = ctx.open_store(ctx.new_dir("threads"))
+        try:
+            def op(t: int, i: int, store: kvlog.Store = store) -> None:
+                k, v = ctx.record(t + threads * i)
+                store.put(k, v, sync=True)
+
+            n, elapsed, latencies = threaded_loop(op, threads, s.durable_seconds)
+            kv_runs.append(n / elapsed)
+            kv_lat.extend(latencies)
+            flushes.append(int(store.stats()["flushes"]))
+        finally:
+            store.close()
+    ctx.bar.describe(f"store: durable writes, {threads} threads (LMDB)")
+    lm_runs, lm_lat = _lmdb_synced_puts(ctx, threads)
+    method = (
+        f"{threads} threads, time-bounded runs of {s.durable_seconds:g} s (each thread loops until "
+        f"its deadline; writes/s = all writes / wall time from the start barrier to the last "
+        f"join), a new local store per run. kvlog: store.put(key, value, sync=True), distinct keys "
+        f"per thread; concurrent waiters share flushes (group commit; flushes per run are in "
+        f"flushes_per_run). Anchor: a new py-lmdb environment (sync=True, metasync=True), the "
+        f"same {threads} threads each running one write transaction per put (LMDB serialises "
+        f"writers; every commit fsyncs)."
+    )
+    return make_entry(
+        "store.durable_threads", "store", 4, f"durable writes/s, {threads} threads, sync=True", method,
+        measurement("kvlog", "kvlog put(sync=True)", "writes/s", kv_runs, latencies_s=kv_lat,
+                    flushes_per_run=flushes),
+        [measurement("lmdb_sync", "py-lmdb, one synced txn per put", "writes/s", lm_runs,
+                     latencies_s=lm_lat)],
+        seconds=perf_counter() - began,
+    )
+
+
+def _rss_child(ctx: Context, keys: int) -> dict[str, Any]:
+    s = ctx.settings
+    path = ctx.new_dir(f"rss-{keys}") / "store"
+    command = [sys.executable, "-m", "kvlog.bench.rss", "--keys", str(keys), "--dir", str(path),
+               "--seed", str(s.seed), "--gets", str(s.rss_gets),
+               "--settings", json.dumps(s.store_settings)]
+    t0 = perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    wall = perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"the memory run for {keys} keys failed:\n{done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["process_seconds"] = wall
+    shutil.rmtree(path.parent, ignore_errors=True)
+    if result["gets_missing"] or result["scanned"] not in (-1, keys):
+        raise AssertionError(f"the memory run for {keys} keys read back wrong data: {result}")
+    return result
+
+
+def bench_store_memory(ctx: Context) -> dict[str, Any]:
+    """Peak RssAnon of a fresh process at a small and a large store size."""
+    small, large = ctx.settings.rss_sizes
+    began = perf_counter()
+    ctx.bar.describe(f"store: memory, {small:,} keys (subprocess)")
+    lo = _rss_child(ctx, small)
+    ctx.bar.describe(f"store: memory, {large:,} keys (subprocess)")
+    hi = _rss_child(ctx, large)
+    lo_mib = lo["peak_kib"] / 1024
+    hi_mib = hi["peak_kib"] / 1024
+    method = (
+        f"Two fresh processes (python -m kvlog.bench.rss), one per size: each opens a new local "
+        f"store, puts N records (16-byte keys, 100-byte values, generated 10,000 at a time so the "
+        f"driver holds little), flushes, then gets {ctx.settings.rss_gets:,} random keys and scans "
+        f"the whole store. A thread samples RssAnon from /proc/self/status every 5 ms; the figure "
+        f"is the peak sample (MiB) of the whole run; per-phase peaks (write, read), the baseline "
+        f"after imports and VmHWM (which counts memory-mapped LMDB pages too, so is not used) are "
+        f"in `runs_detail`. Growth = peak at {large:,} keys - peak at {small:,} keys."
+    )
+    return make_entry(
+        "store.memory", "store", 4, f"peak RssAnon, {small:,} vs {large:,} keys", method,
+        measurement("large", f"kvlog, {large:,} keys", "MiB", [hi_mib], keys=large, detail=hi),
+        [measurement("small", f"kvlog, {small:,} keys", "MiB", [lo_mib], keys=small, detail=lo)],
+        higher_is_better=False, seconds=perf_counter() - began, growth_mib=hi_mib - lo_mib,
+    )
+
+
+# -- the suite ----------------------------------------------------------------------------------
+
+Step = tuple[str, str, int, str, Callable[[Context], "dict[str, Any] | list[dict[str, Any]]"]]
+
+STEPS: list[Step] = [
+    ("log.append", "log", 3, "Producer.append, 1000-record batches", bench_log_append),
+    ("log.durable_local", "log", 3, "durable flushes/s, local", bench_log_durable_local),
+    ("log.s3", "log", 3, "durable flushes/s and commit latency, SeaweedFS", bench_log_s3),
+    ("store.puts", "store", 4, "buffered puts + flush", bench_store_puts),
+    ("store.gets", "store", 4, "random gets", bench_store_gets),
+    ("store.scan", "store", 4, "full scan", bench_store_scan),
+    ("store.durable_threads", "store", 4, "durable writes/s, 16 threads", bench_store_durable_threads),
+    ("store.memory", "store", 4, "peak RssAnon", bench_store_memory),
+]
+
+
+def _seaweed_available() -> str | None:
+    """Why SeaweedFS benchmarks cannot run, or None."""
+    try:
+        import obstore  # noqa: F401
+
+        from kvlog.testing.seaweedfs import find_weed
+
+        find_weed()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+@contextlib.contextmanager
+def _work_dir(base: str | os.PathLike[str] | None, keep: bool) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="kvlog-bench-", dir=base))
+    try:
+        yield path
+    finally:
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def run_suite(
+    settings: Settings = FULL, *, work_dir: str | os.PathLike[str] | None = None,
+    only: Sequence[str] | None = None, progress: bool | None = None, keep: bool = False,
+) -> dict[str, Any]:
+    """Run the benchmarks and return the results document (see ``benchmarks/README.md``).
+
+    ``only`` selects steps by id prefix (``"store"``, ``"log.append"``…); ``progress`` forces the
+    progress bar on or off (default: on when stderr is a terminal); ``keep`` leaves the work
+    directory in place.
+    """
+    began = perf_counter()
+    started = datetime.fromtimestamp(SystemClock().now_ms() / 1000, UTC)
+    steps = [st for st in STEPS if not only or any(st[0].startswith(o) for o in only)]
+    s3_missing = _seaweed_available() if settings.seaweedfs else "disabled by settings"
+    entries: list[dict[str, Any]] = []
+    with _work_dir(work_dir, keep) as work, Progress(len(steps), progress) as bar:
+        ctx = Context(settings, work, bar)
+        info = machine_info(work)
+        try:
+            for step_id, group, issue, title, fn in steps:
+                bar.describe(title)
+                if step_id == "log.s3" and s3_missing:
+                    for sub in ("log.durable_s3_sync_put", "log.durable_s3_flush_loop",
+                                "log.commit_latency_s3"):
+                        entries.append(failed_entry(sub, group, issue, title, "skipped", s3_missing))
+                    bar.advance()
+                    continue
+                try:
+                    produced = fn(ctx)
+                except Exception as e:
+                    detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+                    entry = failed_entry(step_id, group, issue, title, "error", detail)
+                    entry["traceback"] = traceback.format_exc()
+                    entries.append(entry)
+                else:
+                    entries.extend(produced if isinstance(produced, list) else [produced])
+                gc.collect()
+                bar.advance()
+        finally:
+            ctx.close()
+    config = kvlog.StoreConfig.from_settings(None, **settings.store_settings).to_dict()
+    return {
+        "schema": SCHEMA,
+        "mode": settings.mode,
+        "date": started.isoformat(timespec="seconds"),
+        "wall_seconds": perf_counter() - began,
+        "machine": info,
+        "settings": {**asdict(settings), "key_bytes": KEY_BYTES, "value_bytes": VALUE_BYTES},
+        "store_config": config,
+        "method": GENERAL_METHOD,
+        "goals": GOALS,
+        "benchmarks": entries,
+    }
+
+
+def settings_for(mode: str, **overrides: Any) -> Settings:
+    """The preset ``full``, ``quick`` or ``tiny``, with ``overrides`` applied."""
+    base = {"full": FULL, "quick": QUICK, "tiny": TINY}[mode]
+    return replace(base, **overrides) if overrides else base

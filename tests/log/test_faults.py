@@ -1,0 +1,327 @@
+"""Fault injection at every step of an append (DESIGN §4, §10.1, §10.5).
+
+The flow (open a log, register a producer, append four batches over three partitions, with a
+checkpoint every three commits) is run once through a :class:`FaultyStorage` that records its
+history. Then, for every step of that history in turn, the flow is run again on a fresh root
+with exactly that step failing: an error before the call, a timeout after it succeeded, or a
+simulated crash before or after it. A crash after the commit but before the LMDB apply is also
+produced by a monkeypatched ``apply_commit``.
+
+After each fault the invariant is checked: every acknowledged append is readable exactly once at
+its acknowledged offsets; the producer, resumed with its current epoch, resends every batch with
+its original base sequence; a batch that already landed comes back ``duplicate=True`` with its
+original offsets, one that did not lands now; in the end every batch is in the log exactly once,
+offsets dense, and the store's self-check is clean.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kvlog.log.log as log_module
+from kvlog.check import check_store
+from kvlog.clock import ManualClock, SeededIdSource
+from kvlog.config import StoreConfig
+from kvlog.errors import CommitStateUnknownError, KvlogError, StorageError
+from kvlog.log.log import Log, Producer, open_log
+from kvlog.log.naming import commit_name
+from kvlog.log.records import AppendResult, partition_for_key
+from kvlog.storage import LocalStorage
+from kvlog.storage.faulty import Event, FaultPlan, FaultyStorage, SimulatedCrash, fail
+
+PID = 77
+PARTS = 3
+SEED = 1234
+CONFIG = StoreConfig(partitions=PARTS, checkpoint_interval=3, commit_retries=5)
+
+
+def _keys(partition: int, count: int, tag: str) -> list[bytes]:
+    out: list[bytes] = []
+    for n in itertools.count():
+        key = f"{tag}-{n}".encode()
+        if partition_for_key(key, PARTS) == partition:
+            out.append(key)
+            if len(out) == count:
+                return out
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class Batch:
+    partition: int
+    records: list[tuple[bytes, bytes]]
+    base_sequence: int
+
+
+BATCHES = [
+    Batch(0, [(k, b"a-" + k) for k in _keys(0, 2, "a")], 0),
+    Batch(1, [(k, b"b-" + k) for k in _keys(1, 1, "b")], 0),
+    Batch(0, [(k, b"c-" + k) for k in _keys(0, 3, "c")], 2),
+    Batch(2, [(k, b"d-" + k) for k in _keys(2, 1, "d")], 0),
+]
+
+
+@dataclass
+class Run:
+    """What one run of the flow got done before it failed."""
+
+    log: Log | None = None
+    producer: Producer | None = None
+    acked: dict[int, AppendResult] = field(default_factory=dict)
+    failure: BaseException | None = None
+
+
+def run_flow(storage: Any, cache: Path, run: Run, *, start: int = 0) -> None:
+    """Open, register, append the batches from ``start``; records progress in ``run``."""
+    if run.log is None:
+        run.log = open_log(storage, cache_dir=cache, config=CONFIG, clock=ManualClock(),
+                           ids=SeededIdSource(SEED))
+    if run.producer is None:
+        run.producer = run.log.producer(PID)
+    for i in range(start, len(BATCHES)):
+        b = BATCHES[i]
+        run.acked[i] = run.producer.append(b.partition, b.records, base_sequence=b.base_sequence)
+
+
+def resume(the_log: Log) -> Producer:
+    """The producer as a restarted process gets it back: its id with its current epoch."""
+    the_log.refresh()
+    state = the_log.snapshot(lambda r: r.get_producer(PID))
+    producer = the_log.producer(PID, epoch=state.epoch if state is not None else 0)
+    assert state is None or producer.epoch == state.epoch
+    return producer
+
+
+def keys_present(the_log: Log) -> dict[bytes, list[tuple[int, int]]]:
+    found: dict[bytes, list[tuple[int, int]]] = {}
+    for p in range(PARTS):
+        for r in the_log.read(p):
+            found.setdefault(r.key, []).append((p, r.offset))
+    return found
+
+
+def check_acked(the_log: Log, acked: dict[int, AppendResult]) -> None:
+    """Every acknowledged batch is readable exactly once, at its acknowledged offsets."""
+    found = keys_present(the_log)
+    for i, result in acked.items():
+        b = BATCHES[i]
+        assert not result.duplicate
+        assert [found.get(k) for k, _v in b.records] == [
+            [(b.partition, result.base_offset + j)] for j in range(len(b.records))]
+
+
+def resend_and_verify(the_log: Log, acked: dict[int, AppendResult]) -> None:
+    """Resend every batch with its original sequence; then each batch is in the log exactly once."""
+    check_acked(the_log, acked)
+    producer = resume(the_log)
+    for i, b in enumerate(BATCHES):
+        found = keys_present(the_log)
+        landed = [k in found for k, _v in b.records]
+        assert len(set(landed)) == 1, f"batch {i} landed in part: {landed}"
+        result = producer.append(b.partition, b.records, base_sequence=b.base_sequence)
+        if i in acked:
+            assert result == AppendResult(acked[i].base_offset, acked[i].last_offset, True)
+        else:
+            assert result.duplicate == landed[0], f"batch {i}: landed={landed[0]} but got {result}"
+    found = keys_present(the_log)
+    for p in range(PARTS):
+        offsets = [r.offset for r in the_log.read(p)]
+        assert offsets == list(range(len(offsets))) and the_log.end_offset(p) == len(offsets)
+    for b in BATCHES:
+        assert [len(found[k]) for k, _v in b.records] == [1] * len(b.records)
+        offsets = [found[k][0][1] for k, _v in b.records]
+        assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))  # a batch stays contiguous
+    for k, v in the_log.snapshot(lambda r: [(k, e.inline) for k, e in r.index_scan()]):
+        assert v is not None and v.endswith(k)
+    assert check_store(the_log) == []
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> list[Event]:
+    """Every step the flow takes, from a run without faults."""
+    directory = tmp_path_factory.mktemp("probe")
+    probe = FaultyStorage(LocalStorage(directory / "root", fsync=False))
+    run = Run()
+    run_flow(probe, directory / "cache", run)
+    assert run.log is not None
+    run.log.close()
+    assert len(run.acked) == len(BATCHES)
+    return list(probe.history)
+
+
+def test_the_flow_has_every_step_of_an_append(history: list[Event]) -> None:
+    """The enumeration below covers data writes, commit puts, replay reads and checkpoints."""
+    ops = [(e.op, e.name.split("/")[0]) for e in history]
+    assert ops.count(("put", "data")) == len(BATCHES)
+    commits = [e.name for e in history if e.op == "put_if_absent" and e.name.endswith(".json")]
+    assert commit_name(1) in commits and commit_name(len(BATCHES) + 1) in commits
+    assert any(".checkpoint." in n for n in commits)
+    # Data before commit, every time: the next create after a data write is a commit.
+    for e in history:
+        if e.op == "put" and e.name.startswith("data/"):
+            nxt = next(x for x in history[e.index + 1:] if x.op == "put_if_absent")
+            assert nxt.name.startswith("log/") and ".checkpoint." not in nxt.name
+
+
+def _inject(plan: FaultPlan, directory: Path) -> tuple[FaultyStorage, Run]:
+    faulty = FaultyStorage(LocalStorage(directory / "root", fsync=False), plan)
+    run = Run()
+    try:
+        run_flow(faulty, directory / "cache", run)
+    except (SimulatedCrash, KvlogError) as e:
+        run.failure = e
+    return faulty, run
+
+
+def _reopen(directory: Path, cache: str, seed: int) -> Log:
+    return open_log(LocalStorage(directory / "root", fsync=False), cache_dir=directory / cache,
+                    config=CONFIG, clock=ManualClock(), ids=SeededIdSource(seed))
+
+
+def _recover_after_crash(directory: Path, run: Run, cache: str, seed: int) -> None:
+    if run.log is not None:
+        run.log.close()  # the "process" is gone; only its files and its LMDB remain
+    reopened = _reopen(directory, cache, seed)
+    try:
+        resend_and_verify(reopened, run.acked)
+    finally:
+        reopened.close()
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_crash_at_every_step(history: list[Event], tmp_path: Path, when: str) -> None:
+    crashes = 0
+    for event in history:
+        if event.op == "crash_point" and when == "after":
+            continue
+        for cache in ("cache", "fresh-cache"):
+            directory = tmp_path / f"{event.index}-{cache}"
+            faulty, run = _inject(event.crash_plan(when), directory)  # type: ignore[arg-type]
+            assert [e.index for e in faulty.injected] == [event.index], f"fault did not fire at {event}"
+            assert isinstance(run.failure, SimulatedCrash), (event, run.failure)
+            crashes += 1
+            try:
+                _recover_after_crash(directory, run, cache, seed=SEED + 1 + event.index)
+            except AssertionError as e:
+                raise AssertionError(f"after a crash {when} {event}: {e}") from e
+    assert crashes == 2 * len([e for e in history if e.op != "crash_point" or when == "before"])
+
+
+@pytest.mark.parametrize("kind", ["error", "timeout_after_success"])
+def test_storage_fault_at_every_step_then_retry_in_process(
+    history: list[Event], tmp_path: Path, kind: str
+) -> None:
+    """The process survives the fault, retries what was not acknowledged, and a reopen agrees."""
+    for event in history:
+        if event.op == "crash_point":
+            continue
+        directory = tmp_path / str(event.index)
+        faulty, run = _inject(event.error_plan(kind), directory)  # type: ignore[arg-type]
+        assert [e.index for e in faulty.injected] == [event.index], f"fault did not fire at {event}"
+        try:
+            if run.failure is None:
+                # Retried inside the log (a commit put that failed or timed out): acknowledged once.
+                assert len(run.acked) == len(BATCHES)
+            else:
+                assert isinstance(run.failure, StorageError | CommitStateUnknownError), run.failure
+                assert len(run.acked) < len(BATCHES)
+            faulty.set_plan(None)
+            if run.log is not None:
+                # Same process, same handle: resend everything (resume, same sequences).
+                resend_and_verify(run.log, run.acked)
+                run.log.close()
+            # Whatever happened, a cold reader of the root sees each batch exactly once.
+            final = _reopen(directory, "cold-cache", seed=SEED + 100 + event.index)
+            try:
+                every = {i: AppendResult(r.base_offset, r.last_offset) for i, r in run.acked.items()}
+                check_acked(final, every)
+                if run.log is None:
+                    resend_and_verify(final, run.acked)
+                else:
+                    assert sum(final.end_offset(p) for p in range(PARTS)) == sum(
+                        len(b.records) for b in BATCHES)
+            finally:
+                final.close()
+        except AssertionError as e:
+            raise AssertionError(f"after {kind} at {event}: {e}") from e
+
+
+@pytest.mark.parametrize("cache", ["cache", "fresh-cache"])
+def test_crash_after_the_commit_before_the_lmdb_apply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: str
+) -> None:
+    """The commit landed, the process died inside the LMDB transaction that applies it."""
+    real = log_module.apply_commit
+    applies = len(BATCHES) + 1  # the registration and each append
+    for nth in range(1, applies + 1):
+        calls = {"n": 0}
+
+        def crashing(*args: Any, _nth: int = nth, _calls: dict[str, int] = calls) -> Any:
+            _calls["n"] += 1
+            if _calls["n"] == _nth:
+                raise SimulatedCrash(f"apply #{_nth}")
+            return real(*args)
+
+        monkeypatch.setattr(log_module, "apply_commit", crashing)
+        directory = tmp_path / f"{nth}-{cache}"
+        _faulty, run = _inject(FaultPlan(), directory)
+        monkeypatch.setattr(log_module, "apply_commit", real)
+        assert isinstance(run.failure, SimulatedCrash)
+        assert len(run.acked) == max(nth - 2, 0)
+        # The commit is on storage, but the cache never saw it.
+        assert LocalStorage(directory / "root").exists(commit_name(nth))
+        if run.log is not None:
+            assert run.log.snapshot(lambda r: r.version()) == nth - 1
+        _recover_after_crash(directory, run, cache, seed=SEED + 50 + nth)
+
+
+def test_commit_state_unknown_is_resolved_by_reopening(history: list[Event], tmp_path: Path) -> None:
+    """The commit put timed out after landing and every read-back failed: the caller cannot know."""
+    target = commit_name(2)  # the first append's commit
+    put_at = next(e.index for e in history if e.op == "put_if_absent" and e.name == target)
+    reads_before = sum(1 for e in history[:put_at] if e.op == "read" and e.name == target)
+    plan = FaultPlan(
+        fail("put_if_absent", target, kind="timeout_after_success"),
+        fail("read", target, nth=reads_before + 1, times=None),
+    )
+    faulty, run = _inject(plan, tmp_path)
+    assert isinstance(run.failure, CommitStateUnknownError)
+    assert run.acked == {} and LocalStorage(tmp_path / "root").exists(target)
+    faulty.set_plan(None)
+    assert run.log is not None
+    run.log.close()
+    _recover_after_crash(tmp_path, Run(acked={}), "fresh-cache", seed=SEED + 7)
+
+
+def test_persistent_commit_failure_reports_an_error_and_writes_no_commit(tmp_path: Path) -> None:
+    plan = FaultPlan(fail("put_if_absent", "log/*.json", nth=2, times=None))  # after the registration
+    faulty, run = _inject(plan, tmp_path)
+    assert isinstance(run.failure, KvlogError) and run.acked == {}
+    root = LocalStorage(tmp_path / "root")
+    assert not root.exists(commit_name(2))
+    assert len(faulty.injected) == CONFIG.commit_retries
+    faulty.set_plan(None)
+    assert run.log is not None and run.producer is not None
+    run_flow(faulty, tmp_path / "cache", run)  # the same producer retries: nothing had landed
+    assert [r.duplicate for r in run.acked.values()] == [False] * len(BATCHES)
+    resend_and_verify(run.log, run.acked)
+    run.log.close()
+
+
+def test_repeated_data_write_failures_then_success(tmp_path: Path) -> None:
+    plan = FaultPlan(fail("put", "data/*", times=3))
+    faulty, run = _inject(plan, tmp_path)
+    assert isinstance(run.failure, StorageError) and run.acked == {}
+    assert run.log is not None and run.producer is not None
+    for _ in range(2):
+        with pytest.raises(StorageError):
+            run_flow(faulty, tmp_path / "cache", run)
+    run_flow(faulty, tmp_path / "cache", run)
+    assert len(faulty.injected) == 3
+    resend_and_verify(run.log, run.acked)
+    run.log.close()

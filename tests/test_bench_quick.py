@@ -1,0 +1,102 @@
+"""The benchmark suite in a tiny configuration: it runs, and its results file has the documented shape.
+
+Sizes are a few thousand records so this stays well under a minute (SeaweedFS
+included when its binary is installed); the figures themselves are not checked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvlog.bench import run
+from kvlog.bench.suite import GOALS, SCHEMA, TINY
+
+pytestmark = pytest.mark.slow
+
+EXPECTED = {
+    "log.append", "log.durable_local_sync_put", "log.durable_local_flush_loop",
+    "log.durable_s3_sync_put", "log.durable_s3_flush_loop", "log.commit_latency_s3",
+    "store.puts", "store.gets", "store.scan", "store.durable_threads", "store.memory",
+}
+
+
+def _check_measurement(m: dict[str, Any]) -> None:
+    assert set(m) >= {"key", "name", "unit", "value", "runs"}
+    assert isinstance(m["value"], float) and m["value"] > 0
+    assert m["runs"] and all(r > 0 for r in m["runs"])
+    if "latency_ms" in m:
+        lat = m["latency_ms"]
+        assert lat["samples"] > 0
+        assert 0 < lat["p50"] <= lat["p99"] <= lat["max"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    base = tmp_path_factory.mktemp("bench")
+    out = base / "results" / "tiny.json"
+    document = run(TINY, out, table=True, work_dir=base, progress=False)
+    return document, out
+
+
+def test_results_file_matches_the_document(results: tuple[dict[str, Any], Path]) -> None:
+    document, out = results
+    on_disk = json.loads(out.read_text())
+    assert on_disk["schema"] == SCHEMA
+    assert on_disk["mode"] == "tiny"
+    assert [e["id"] for e in on_disk["benchmarks"]] == [e["id"] for e in document["benchmarks"]]
+    for key in ("date", "wall_seconds", "machine", "settings", "store_config", "method", "goals"):
+        assert key in on_disk
+    machine = on_disk["machine"]
+    assert machine["cores"] >= 1 and machine["python"] and machine["versions"]["lmdb"]
+    assert on_disk["settings"]["key_bytes"] == 16 and on_disk["settings"]["value_bytes"] == 100
+
+
+def test_every_benchmark_ran_with_its_anchors(results: tuple[dict[str, Any], Path]) -> None:
+    document, _out = results
+    entries = {e["id"]: e for e in document["benchmarks"]}
+    assert set(entries) == EXPECTED
+    for bench_id, entry in entries.items():
+        if entry["status"] == "skipped":
+            assert bench_id.startswith("log.") and "s3" in bench_id, entry
+            continue
+        assert entry["status"] == "ok", entry.get("traceback") or entry
+        assert entry["method"] and entry["unit"]
+        _check_measurement(entry["subject"])
+        assert entry["anchors"]
+        for anchor in entry["anchors"]:
+            _check_measurement(anchor)
+            ratio = entry["ratios"][anchor["key"]]
+            assert ratio["ratio"] == pytest.approx(entry["subject"]["value"] / anchor["value"])
+            assert ratio["speedup"] > 0
+
+
+def test_goals_are_evaluated(results: tuple[dict[str, Any], Path]) -> None:
+    document, _out = results
+    entries = {e["id"]: e for e in document["benchmarks"]}
+    for bench_id, goal in GOALS.items():
+        got = entries[bench_id]["goal"]
+        assert got["text"] == goal["text"]
+        assert isinstance(got["met"], bool)
+    memory = entries["store.memory"]
+    assert memory["growth_mib"] == pytest.approx(memory["subject"]["value"] - memory["anchors"][0]["value"])
+    small, large = document["settings"]["rss_sizes"]
+    assert memory["subject"]["detail"]["keys"] == large and memory["anchors"][0]["detail"]["keys"] == small
+
+
+def test_latencies_where_they_apply(results: tuple[dict[str, Any], Path]) -> None:
+    document, _out = results
+    entries = {e["id"]: e for e in document["benchmarks"] if e["status"] == "ok"}
+    for bench_id in ("log.append", "log.durable_local_sync_put", "store.gets", "store.durable_threads"):
+        assert entries[bench_id]["subject"]["latency_ms"]["samples"] > 0
+
+
+def test_charts_are_written(results: tuple[dict[str, Any], Path]) -> None:
+    document, out = results
+    names = {Path(p).name for p in document["plots"]}
+    assert names == {"tiny_ratios.png", "tiny_memory.png"}
+    for name in names:
+        assert (out.parent / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
