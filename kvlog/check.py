@@ -93,7 +93,11 @@ def _check_index(log: Log) -> list[str]:
         by_batch.setdefault(slot, []).append((key, entry))
     for slot, items in by_batch.items():
         batch = batches[slot]
-        records = {rec.offset: rec for rec in records_of_batch(batch, slot[0], log.read_batch(batch))}
+        try:
+            records = {rec.offset: rec for rec in records_of_batch(batch, slot[0], log.read_batch(batch))}
+        except CorruptDataError as e:  # a damaged or missing file is a finding, not a crash
+            findings.append(str(e))
+            continue
         for key, entry in items:
             rec = records.get(entry.offset)
             if rec is None or rec.key != key or rec.value is None:

@@ -78,10 +78,45 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_spark(args: argparse.Namespace) -> int:
+    # kvlog never imports spark_ext; the command line is the one place that may (DESIGN §2).
+    try:
+        import spark_ext
+    except ImportError as e:
+        print(f"kvlog: the Spark extension needs pyspark: pip install 'kvlog[spark]' ({e})", file=sys.stderr)
+        return 1
+    options = json.loads(args.storage_options) if args.storage_options else None
+    spark = spark_ext.get_session(args.master)
+    try:
+        if args.spark_command == "compact":
+            result: Any = spark_ext.compact(spark, args.uri, storage_options=options, force=args.force).to_dict()
+        elif args.spark_command == "materialize":
+            result = spark_ext.materialize(spark, args.uri, args.out, storage_options=options)
+        else:
+            result = spark_ext.rebuild_index(spark, args.uri, args.cache_dir, storage_options=options)
+    finally:
+        spark.stop()
+    print(json.dumps(result, indent=2, sort_keys=True, default=str))
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from kvlog.demo import run_demo
 
-    result = run_demo(args.path, records=args.records)
+    materialize = None
+    if not args.no_spark:
+        # The Spark step comes from the command line, so kvlog itself never imports spark_ext.
+        import spark_ext
+
+        def materialize(uri: str, out: str) -> Any:
+            spark = spark_ext.get_session("local[2]")
+            spark.sparkContext.setLogLevel("ERROR")
+            try:
+                return spark_ext.materialize(spark, uri, out)
+            finally:
+                spark.stop()
+
+    result = run_demo(args.path, records=args.records, materialize=materialize)
     return 1 if result.failures else 0
 
 
@@ -122,9 +157,26 @@ def _parser() -> argparse.ArgumentParser:
     p = store_cmd("compact", "run one compaction job (with a progress bar on a terminal)")
     p.add_argument("--force", action="store_true", help="clean every partition even if none is eligible")
     p.set_defaults(func=_cmd_compact)
+    spark = sub.add_parser("spark", help="cluster-sized work on Spark (local mode by default)")
+    spark_sub = spark.add_subparsers(dest="spark_command", required=True)
+    for name, help_text in (("compact", "exact compaction on Spark"),
+                            ("materialize", "write the latest state as Parquet"),
+                            ("rebuild-index", "build the key index on Spark into a cache directory")):
+        p = spark_sub.add_parser(name, help=help_text)
+        p.add_argument("uri")
+        if name == "materialize":
+            p.add_argument("out", help="output directory of the Parquet table")
+        if name == "rebuild-index":
+            p.add_argument("cache_dir", help="the LMDB cache directory to build")
+        if name == "compact":
+            p.add_argument("--force", action="store_true")
+        p.add_argument("--master", help="Spark master, e.g. spark://127.0.0.1:7077 (default local[*])")
+        p.add_argument("--storage-options", help="JSON object of object-store options")
+        p.set_defaults(func=_cmd_spark)
     p = sub.add_parser("demo", help="the end-to-end demo on a local store")
     p.add_argument("--path", help="store directory (default: a new temporary directory)")
     p.add_argument("--records", type=int, default=1_000_000)
+    p.add_argument("--no-spark", action="store_true", help="skip the Spark materialization step")
     p.set_defaults(func=_cmd_demo)
     p = sub.add_parser("bench", help="benchmarks side by side with LMDB, sqlite3 and raw S3")
     from kvlog.bench import add_arguments

@@ -271,6 +271,8 @@ class Store:
         self.put(key, value)
 
     def __delitem__(self, key: bytes | str) -> None:
+        self._writer()  # closed -> StoreClosedError, read-only -> ReadOnlyError, even for a missing key
+        to_key(key, self.config.max_key_bytes)  # a bad key is InvalidRecordError, as in store[key]
         if key not in self:
             raise KeyError(key)
         self.delete(key)

@@ -48,6 +48,7 @@ def get_session(master: str | None = None, *, app_name: str = "kvlog", **conf: A
         .master(master or os.environ.get("KVLOG_SPARK_MASTER", "local[*]"))
         .config("spark.sql.shuffle.partitions", "16")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.python.filterPushdown.enabled", "true")
         .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])

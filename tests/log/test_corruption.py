@@ -1,0 +1,177 @@
+"""Damaged commits, checkpoints and data files are refused with a CorruptDataError naming the object."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kvlog
+from kvlog.check import check_store
+from kvlog.errors import CorruptDataError, KvlogError
+from kvlog.log.log import Log
+from kvlog.log.naming import checkpoint_name, commit_name
+from kvlog.log.records import partition_for_key
+
+PARTS = 4
+
+
+def _key(partition: int, n: int) -> bytes:
+    found = [f"key-{i}".encode() for i in range(1000) if partition_for_key(f"key-{i}".encode(), PARTS) == partition]
+    return found[n]
+
+
+def _build(make_log: Any, root: Path, cache: Path, **settings: Any) -> Log:
+    """A log with commits 1 (producer) .. 4 (appends to partitions 0, 1, 0)."""
+    the_log = make_log(root, cache, **settings)
+    producer = the_log.producer(5)
+    producer.append(0, [(_key(0, 0), b"a" * 2000), (_key(0, 1), b"b")], base_sequence=0)
+    producer.append(1, [(_key(1, 0), b"c")], base_sequence=0)
+    producer.append(0, [(_key(0, 2), b"d")], base_sequence=2)
+    assert the_log.version == 4
+    return the_log
+
+
+def _flip(path: Path, position: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[position] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _body_start(data: bytes) -> int:
+    return data.index(b"\n") + 1
+
+
+@pytest.mark.parametrize("where", ["header", "body", "last-body-byte", "final-newline", "truncated", "padded"])
+def test_a_corrupted_commit_is_refused_naming_it(
+    tmp_path: Path, make_log: Any, where: str
+) -> None:
+    root = tmp_path / "root"
+    _build(make_log, root, tmp_path / "cache").close()
+    name = commit_name(3)
+    path = root / name
+    data = path.read_bytes()
+    body = _body_start(data)
+    if where == "header":
+        _flip(path, 3)
+    elif where == "body":
+        _flip(path, body + (len(data) - body) // 2)
+    elif where == "last-body-byte":
+        _flip(path, len(data) - 2)
+    elif where == "final-newline":
+        _flip(path, len(data) - 1)
+    elif where == "truncated":
+        path.write_bytes(data[: len(data) - 10])
+    else:
+        path.write_bytes(data + b" ")
+    with pytest.raises(CorruptDataError) as info:
+        make_log(root, tmp_path / "fresh-cache")
+    assert info.value.name == name
+    assert name in str(info.value)
+    # A cache that already applied it does not read it again; one behind it stops right there.
+    same = make_log(root, tmp_path / "cache")
+    assert same.version == 4
+    with pytest.raises(CorruptDataError) as again:
+        make_log(root, tmp_path / "fresh-cache-2")
+    assert again.value.name == name
+
+
+def test_a_commit_of_an_unknown_format_version_is_refused(tmp_path: Path, make_log: Any) -> None:
+    root = tmp_path / "root"
+    _build(make_log, root, tmp_path / "cache").close()
+    path = root / commit_name(2)
+    data = path.read_bytes()
+    header = json.loads(data[: data.index(b"\n")])
+    header["format"] = 99
+    path.write_bytes(json.dumps(header, separators=(",", ":")).encode() + data[data.index(b"\n"):])
+    with pytest.raises(CorruptDataError, match="version") as info:
+        make_log(root, tmp_path / "fresh-cache")
+    assert info.value.name == commit_name(2)
+
+
+def test_a_commit_under_the_wrong_version_name_is_refused(tmp_path: Path, make_log: Any) -> None:
+    root = tmp_path / "root"
+    _build(make_log, root, tmp_path / "cache").close()
+    (root / commit_name(3)).write_bytes((root / commit_name(2)).read_bytes())
+    with pytest.raises(CorruptDataError) as info:
+        make_log(root, tmp_path / "fresh-cache")
+    assert info.value.name == commit_name(3)
+
+
+def test_a_corrupted_checkpoint_is_refused_naming_it(tmp_path: Path, make_log: Any) -> None:
+    root = tmp_path / "root"
+    _build(make_log, root, tmp_path / "cache", checkpoint_interval=3).close()
+    name = checkpoint_name(3)
+    path = root / name
+    data = path.read_bytes()
+    _flip(path, _body_start(data) + 10)
+    with pytest.raises(CorruptDataError) as info:
+        make_log(root, tmp_path / "fresh-cache", checkpoint_interval=3)
+    assert info.value.name == name
+
+
+def _batch_of(the_log: Log, partition: int) -> dict[str, Any]:
+    return dict(the_log.snapshot(lambda r: next(iter(r.iter_batches(partition, 0)))))
+
+
+@pytest.mark.parametrize("offset_in_batch", ["first", "middle", "last"])
+def test_a_corrupted_data_batch_is_refused_when_read(
+    tmp_path: Path, make_log: Any, offset_in_batch: str
+) -> None:
+    root = tmp_path / "root"
+    the_log = _build(make_log, root, tmp_path / "cache")
+    batch = _batch_of(the_log, 0)
+    the_log.close()
+    position = {"first": batch["pos"], "middle": batch["pos"] + batch["len"] // 2,
+                "last": batch["pos"] + batch["len"] - 1}[offset_in_batch]
+    _flip(root / batch["path"], position)
+
+    reader = make_log(root, tmp_path / "cache")  # the cache is fine; the data is not
+    with pytest.raises(CorruptDataError) as info:
+        list(reader.read(0))
+    assert info.value.name == batch["path"] and batch["path"] in str(info.value)
+    assert [r.value for r in reader.read(1)] == [b"c"]  # other files are unaffected
+    assert any(batch["path"] in finding for finding in check_store(reader, deep=True))
+    # A fresh cache replays the commit, reads the batch to index it, and refuses it.
+    with pytest.raises(CorruptDataError) as fresh:
+        make_log(root, tmp_path / "fresh-cache")
+    assert fresh.value.name == batch["path"]
+
+
+def test_a_truncated_or_missing_data_file_is_refused(tmp_path: Path, make_log: Any) -> None:
+    root = tmp_path / "root"
+    the_log = _build(make_log, root, tmp_path / "cache")
+    first, second = _batch_of(the_log, 0), _batch_of(the_log, 1)
+    the_log.close()
+    data = (root / first["path"]).read_bytes()
+    (root / first["path"]).write_bytes(data[: first["pos"] + first["len"] // 2])
+    (root / second["path"]).unlink()
+    reader = make_log(root, tmp_path / "cache")
+    with pytest.raises(CorruptDataError) as truncated:
+        list(reader.read(0))
+    assert truncated.value.name == first["path"]
+    with pytest.raises(CorruptDataError) as missing:
+        list(reader.read(1))
+    assert missing.value.name == second["path"]
+    findings = check_store(reader)
+    assert any(second["path"] in f and "missing" in f for f in findings)
+    assert any(first["path"] in f for f in findings)
+
+
+def test_the_store_reports_a_corrupted_value_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    big = b"x" * 5000  # larger than inline_value_bytes: the value is read from the data file
+    with kvlog.open(path, background_compaction=False) as store:
+        store.put("big", big, sync=True)
+        store.put("small", "s", sync=True)
+        p = store.log.partition_for("big")
+        batch = _batch_of(store.log, p)
+    _flip(path / batch["path"], batch["pos"] + batch["len"] // 2)
+    with kvlog.open(path, background_compaction=False) as store:
+        assert store.get("small") == b"s"  # inlined in the index
+        with pytest.raises(CorruptDataError) as info:
+            store.get("big")
+        assert info.value.name == batch["path"]
+        assert isinstance(info.value, KvlogError)
