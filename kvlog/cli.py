@@ -72,8 +72,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_compact(args: argparse.Namespace) -> int:
-    with _open(args, create=False) as store:
-        report = store.compact(force=args.force)
+    # A job needs no producer: opening a Store would take over (fence) the producer of an
+    # application using the same cache, so the compactor runs on the log alone.
+    from kvlog.compaction import Compactor
+    from kvlog.log.log import open_log
+
+    options = json.loads(args.storage_options) if args.storage_options else None
+    the_log = open_log(args.uri, create=False, storage_options=options)
+    try:
+        report = Compactor(the_log).run_once(force=args.force)
+    finally:
+        the_log.close()
     print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     return 0
 

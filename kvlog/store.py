@@ -38,19 +38,24 @@ class WriteBatch:
         self._store = store
         self._records: list[tuple[int, bytes, bytes | None, int]] = []
         self._done = False
+        self._rejected = False
 
     def put(self, key: bytes | str, value: bytes | str) -> None:
         """Add a put; bad input raises at once and the batch will write nothing."""
-        self._add(key, to_value(value))
+        self._add(key, value, is_put=True)
 
     def delete(self, key: bytes | str) -> None:
         """Add a delete (a tombstone)."""
-        self._add(key, None)
+        self._add(key, None, is_put=False)
 
-    def _add(self, key: Any, value: bytes | None) -> None:
+    def _add(self, key: Any, value: Any, *, is_put: bool) -> None:
         if self._done:
             raise StoreClosedError("this write batch is finished")
-        self._records.append(self._store._record(key, value))
+        try:
+            self._records.append(self._store._record(key, to_value(value) if is_put else None))
+        except InvalidRecordError:
+            self._rejected = True  # even if the caller catches it, the batch stays rejected whole
+            raise
 
     def __len__(self) -> int:
         return len(self._records)
@@ -61,7 +66,7 @@ class WriteBatch:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self._done = True
-        if kind is None and self._records:
+        if kind is None and self._records and not self._rejected:
             self._store._write(self._records, sync=True)
 
 
@@ -280,7 +285,10 @@ class Store:
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, bytes | str | bytearray | memoryview):
             return False
-        return self.get(bytes(key) if isinstance(key, bytearray | memoryview) else key, _MISSING) is not _MISSING
+        try:
+            return self.get(bytes(key) if isinstance(key, bytearray | memoryview) else key, _MISSING) is not _MISSING
+        except InvalidRecordError:
+            return False  # like a dict: a key that cannot be stored is simply not there
 
     def __len__(self) -> int:
         self._check_open()

@@ -115,7 +115,8 @@ class _Reader(DataSourceReader):  # type: ignore[misc]
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:  # noqa: N802 - Spark's name
         for f in filters:
-            column = f.attribute[0] if getattr(f, "attribute", None) else None
+            attribute = getattr(f, "attribute", None)
+            column = attribute[0] if attribute else None
             if self.view == "log" and column == "partition" and isinstance(f, EqualTo | In):
                 values = {int(v) for v in (f.value if isinstance(f, In) else (f.value,))}
                 self.partitions_wanted = values if self.partitions_wanted is None else self.partitions_wanted & values
@@ -273,8 +274,9 @@ class _Writer(DataSourceArrowWriter):  # type: ignore[misc]
             storage.close()
         return _Files([json.dumps(file_to_json(entry))])
 
-    def commit(self, messages: list[WriterCommitMessage]) -> None:
-        files = [file_from_json("spark task", json.loads(f)) for m in messages if m for f in m.files]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        files = [file_from_json("spark task", json.loads(f)) for m in messages if isinstance(m, _Files)
+                 for f in m.files]
         if not files:
             return
         the_log = open_log(self.uri, create=False, storage_options=self.storage_options, cache_dir=self.cache_dir,
@@ -288,11 +290,11 @@ class _Writer(DataSourceArrowWriter):  # type: ignore[misc]
         if outcome["error"] is not None:
             raise KvlogError(f"the append commit was refused: {outcome['error'][1]}")
 
-    def abort(self, messages: list[WriterCommitMessage]) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         storage = open_storage(self.uri, self.storage_options)
         try:
             for m in messages:
-                for f in (m.files if m else []):
+                for f in (m.files if isinstance(m, _Files) else []):
                     storage.delete(json.loads(f)["path"])
         finally:
             storage.close()

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.slow
 
 EXPECTED = [
     "compaction.map_capacity", "compaction.map_build", "compaction.map_memory", "compaction.one_round",
-    "compaction.memory", "compaction.vs_io_floor", "compaction.requests_s3",
+    "compaction.memory", "compaction.vs_io_floor", "compaction.memory_partitions",
+    "compaction.requests_s3",
 ]
 
 

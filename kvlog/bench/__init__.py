@@ -61,12 +61,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-s3", action="store_true", help="skip the SeaweedFS benchmarks")
     parser.add_argument("--no-plot", action="store_true", help="do not draw the PNG charts")
     parser.add_argument("--settings", help="JSON object of StoreConfig settings for kvlog stores")
+    parser.add_argument("--show", metavar="FILE",
+                        help="print the table of an existing results file instead of running")
+    parser.add_argument("--markdown", action="store_true", help="with --show: print Markdown")
 
 
 def main_from_args(args: argparse.Namespace) -> int:
     """Run from parsed :func:`add_arguments` options; the exit code (1 if a benchmark failed)."""
     from kvlog.bench.suite import settings_for
 
+    if args.show:
+        from kvlog.bench.report import markdown, render_table
+
+        document = json.loads(Path(args.show).read_text(encoding="utf-8"))
+        if args.markdown:
+            print(markdown(document), end="")
+        else:
+            render_table(document)
+        return 0
     overrides: dict[str, Any] = {}
     if args.records:
         overrides["records"] = args.records

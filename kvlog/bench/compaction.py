@@ -22,10 +22,10 @@ a ratio (DESIGN §8, STYLE #15):
 ``compaction.requests_s3`` (c)
     requests of one job on SeaweedFS against 1, 4 and 16 input files, from
     ``storage.requests``; expected: 2 stream GETs per input file.
-``compaction.memory`` (d)
-    peak ``RssAnon`` (sampled every 50 ms by a thread) of a fresh process that
-    opens the store of ``one_round`` and compacts it, against
-    ``offset_map_bytes + 64 MiB``.
+``compaction.memory`` and ``compaction.memory_partitions`` (d)
+    peak ``RssAnon`` growth (sampled every 50 ms by a thread) of the fresh
+    process that compacts the store of ``one_round`` (one partition) and of
+    ``vs_io_floor`` (8 partitions), against ``offset_map_bytes + 64 MiB``.
 
 Stores are loaded with a bulk loader that writes exactly what a store's
 flusher writes (one L0 data file per flush of ``flush_bytes``, holding every
@@ -219,6 +219,17 @@ def key_bytes(indices: npt.NDArray[np.uint64], seed: int = 0) -> bytes:
 def key_list(indices: npt.NDArray[np.uint64], seed: int = 0) -> list[bytes]:
     raw = key_bytes(indices, seed)
     return [raw[i : i + KEY_BYTES] for i in range(0, len(raw), KEY_BYTES)]
+
+
+def ascending_key_order(n: int, seed: int = 0) -> npt.NDArray[np.uint64]:
+    """The key indices ``0 .. n-1`` ordered so that their keys ascend bytewise.
+
+    Appending distinct keys in key order makes every flush extend the LMDB key index at its end
+    instead of rewriting most of its pages (which, for millions of random keys, writes tens of
+    gigabytes while loading); the offset map still sees the keys in random hash order.
+    """
+    words = np.frombuffer(key_bytes(np.arange(n, dtype=np.uint64), seed), dtype=">u8").reshape(-1, 2)
+    return np.lexsort((words[:, 1], words[:, 0])).astype(np.uint64)
 
 
 def _fixed_binary(data: bytes, width: int, count: int) -> pa.Array:
@@ -468,7 +479,7 @@ def bench_map(sizes: Sizes) -> list[dict[str, Any]]:
     kafka = int(map_bytes // KAFKA_ENTRY_BYTES * 0.9)
     warpstream = map_bytes // WARPSTREAM_ENTRY_BYTES
     seconds = perf_counter() - began
-    common = {"keys": n, "offset_map_bytes": map_bytes, "chunk": chunk, "loadavg": load}
+    common: dict[str, Any] = {"keys": n, "offset_map_bytes": map_bytes, "chunk": chunk, "loadavg": load}
     cap_entry = _entry(
         "compaction.map_capacity", f"offset map capacity, {map_bytes // MiB} MiB", (
             f"capacity_for(offset_map_bytes, 0.9): {SLOT_BYTES}-byte slots (96-bit fingerprint + "
@@ -517,6 +528,32 @@ def bench_map(sizes: Sizes) -> list[dict[str, Any]]:
     return [cap_entry, build_entry, memory_entry]
 
 
+def _memory_entry(bench_id: str, title: str, of: str, child: dict[str, Any], map_bytes: int,
+                  **extra: Any) -> dict[str, Any]:
+    """(d): the peak RssAnon growth of a child compaction against offset_map_bytes + 64 MiB."""
+    bound = map_bytes + RSS_SLACK_BYTES
+    growth = child["growth_kib"] * 1024
+    return _entry(
+        bench_id, title, (
+            f"The compaction of {of} runs in a fresh process (python -m kvlog.bench.compaction "
+            f"--child-compact): it imports kvlog, warms pyarrow, opens the store, collects garbage, "
+            f"samples RssAnon from /proc/self/status (the baseline), then a thread samples it every "
+            f"{RSS_INTERVAL_S * 1000:.0f} ms during Store.compact(). The figure is the growth: peak "
+            f"sample - baseline; the absolute peak, the baseline and VmHWM (which also counts "
+            f"file-backed LMDB pages) are beside it. Anchor and bound: offset_map_bytes + "
+            f"{RSS_SLACK_BYTES // MiB} MiB."),
+        _measure("kvlog", "peak RssAnon - baseline", "MiB", [growth / MiB],
+                 peak_mib=child["peak_kib"] / 1024, baseline_mib=child["baseline_kib"] / 1024,
+                 vm_hwm_mib=(child["vm_hwm_kib"] or 0) / 1024, samples=child["samples"]),
+        [_measure("bound", f"offset_map_bytes + {RSS_SLACK_BYTES // MiB} MiB", "MiB", [bound / MiB])],
+        higher_is_better=False, seconds=0.0,
+        goal={"text": f"peak - baseline <= offset_map_bytes + {RSS_SLACK_BYTES // MiB} MiB",
+              "value": growth / MiB, "met": bool(growth <= bound),
+              "absolute_peak_met": bool(child["peak_kib"] * 1024 <= bound)},
+        offset_map_bytes=map_bytes, **extra,
+    )
+
+
 # -- (a) one real round, and (d) its memory ---------------------------------------------------------
 
 def bench_one_round(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
@@ -527,7 +564,7 @@ def bench_one_round(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
     settings = _store_settings(sizes.map_bytes, 1, sizes.flush_bytes)
     per_file = records_per_file(sizes)
     with kvlog.open(store_dir, **settings) as store:
-        loaded = bulk_load(store, np.arange(n, dtype=np.uint64), per_file, seed=sizes.seed,
+        loaded = bulk_load(store, ascending_key_order(n, sizes.seed), per_file, seed=sizes.seed,
                            value_bytes=sizes.value_bytes, partition_of=np.zeros(n, dtype=np.int64))
     gc.collect()
     child, floor = _compact_against_floor(store_dir, {k: v for k, v in settings.items() if k != "partitions"},
@@ -542,7 +579,8 @@ def bench_one_round(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
     round_entry = _entry(
         "compaction.one_round", f"one cleaning round, {n:,} distinct keys, 1 partition", (
             f"A one-partition store of {n:,} distinct keys ({sizes.value_bytes}-byte values, "
-            f"{loaded['files']} L0 files of {per_file:,} records), offset_map_bytes = "
+            f"{loaded['files']} L0 files of {per_file:,} records, appended in ascending key order "
+            f"so that loading extends the LMDB key index instead of rewriting it), offset_map_bytes = "
             f"{sizes.map_bytes // MiB} MiB (capacity {capacity:,}), compacted by "
             "Store.compact(force=True) in a fresh process. It must end in one round: not partial, "
             "every record read and kept. Anchor: the I/O floor on the same files (read every input "
@@ -557,33 +595,15 @@ def bench_one_round(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
               "met": one_round},
         keys=n, load=loaded, loadavg=load,
     )
-    bound = sizes.map_bytes + RSS_SLACK_BYTES
-    growth = child["growth_kib"] * 1024
-    memory_entry = _entry(
-        "compaction.memory", f"peak RssAnon while compacting {n:,} distinct keys", (
-            f"The compaction of compaction.one_round runs in a fresh process (python -m "
-            f"kvlog.bench.compaction --child-compact): it imports kvlog, warms pyarrow, opens the "
-            f"store, collects garbage, samples RssAnon from /proc/self/status (the baseline), then "
-            f"a thread samples it every {RSS_INTERVAL_S * 1000:.0f} ms during Store.compact(). The "
-            f"figure is the growth: peak sample - baseline; the absolute peak and VmHWM (which also "
-            f"counts file-backed LMDB pages) are reported beside it. Anchor and bound: "
-            f"offset_map_bytes + {RSS_SLACK_BYTES // MiB} MiB."),
-        _measure("kvlog", "peak RssAnon - baseline", "MiB", [growth / MiB],
-                 peak_mib=child["peak_kib"] / 1024, baseline_mib=child["baseline_kib"] / 1024,
-                 vm_hwm_mib=(child["vm_hwm_kib"] or 0) / 1024, samples=child["samples"]),
-        [_measure("bound", f"offset_map_bytes + {RSS_SLACK_BYTES // MiB} MiB", "MiB", [bound / MiB])],
-        higher_is_better=False, seconds=0.0,
-        goal={"text": f"peak - baseline <= offset_map_bytes + {RSS_SLACK_BYTES // MiB} MiB",
-              "value": growth / MiB, "met": bool(growth <= bound),
-              "absolute_peak_met": bool(child["peak_kib"] * 1024 <= bound)},
-        offset_map_bytes=sizes.map_bytes, keys=n,
-    )
+    memory_entry = _memory_entry(
+        "compaction.memory", f"peak RssAnon, one round of {n:,} distinct keys, 1 partition",
+        "compaction.one_round", child, sizes.map_bytes, keys=n)
     return [round_entry, memory_entry]
 
 
 # -- (b) a cleaning round against the I/O floor --------------------------------------------------------
 
-def bench_vs_floor(sizes: Sizes, work: Path) -> dict[str, Any]:
+def bench_vs_floor(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
     began = perf_counter()
     load = [_loadavg()]
     store_dir = work / "vs-floor"
@@ -608,7 +628,11 @@ def bench_vs_floor(sizes: Sizes, work: Path) -> dict[str, Any]:
     compact_s = child["compact_s"]
     ratio = compact_s / floor["median_s"] if floor["median_s"] else None
     growth_mib = child["growth_kib"] / 1024
-    return _entry(
+    memory_entry = _memory_entry(
+        "compaction.memory_partitions", f"peak RssAnon, {sizes.records:,} records, "
+        f"{sizes.partitions} partitions", "compaction.vs_io_floor", child, sizes.floor_map_bytes,
+        records=sizes.records)
+    return [_entry(
         "compaction.vs_io_floor",
         f"cleaning round, {sizes.records:,} records over {sizes.keys:,} keys vs the I/O floor", (
             f"{sizes.records:,} records ({KEY_BYTES}-byte keys drawn uniformly from {sizes.keys:,}, "
@@ -631,7 +655,7 @@ def bench_vs_floor(sizes: Sizes, work: Path) -> dict[str, Any]:
         goal={"text": f"compaction <= {FLOOR_GOAL_RATIO}x the I/O floor", "value": ratio,
               "met": None if ratio is None else bool(ratio <= FLOOR_GOAL_RATIO), "correct": correct},
         records=sizes.records, keys=sizes.keys, distinct_keys=distinct, load=loaded, loadavg=load,
-    )
+    ), memory_entry]
 
 
 # -- (c) requests per job on SeaweedFS -------------------------------------------------------------
@@ -826,7 +850,7 @@ def format_table(document: dict[str, Any]) -> str:
             text = f"{anchor['name'][:30]} {_fmt(anchor['value'], anchor['unit'])}"
             lines.append(f"{e['id'] if i == 0 else '':<24} {subject if i == 0 else '':>18} {text:<44} "
                          f"{'-' if ratio is None else f'{ratio:.3f}x':>8}  {verdict if i == 0 else ''}")
-        if e["id"] == "compaction.memory":
+        if e["id"].startswith("compaction.memory"):
             s = e["subject"]
             lines.append(f"{'':<24} {'':>18} peak {s['peak_mib']:.1f} MiB, baseline "
                          f"{s['baseline_mib']:.1f} MiB")

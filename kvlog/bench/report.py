@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["render_table", "write_json", "plot", "format_value", "rows"]
+__all__ = ["render_table", "write_json", "plot", "format_value", "format_ms", "rows", "markdown"]
 
 
 def format_value(value: float | None, unit: str) -> str:
@@ -21,13 +21,20 @@ def format_value(value: float | None, unit: str) -> str:
     return f"{value:,.1f} {unit}"
 
 
+def format_ms(value: float) -> str:
+    """A latency given in milliseconds, in µs below 1 ms."""
+    if value < 1.0:
+        return f"{value * 1000:.3g} µs"
+    return f"{value:.3g} ms"
+
+
 def _figure(m: dict[str, Any]) -> str:
     text = format_value(m["value"], m["unit"])
     lat = m.get("latency_ms")
     if lat and lat.get("samples") and m["unit"] != "ms":
-        text += f"\n(p50 {lat['p50']:.3g} / p99 {lat['p99']:.3g} ms)"
+        text += f"\n(p50 {format_ms(lat['p50'])}, p99 {format_ms(lat['p99'])})"
     elif lat and lat.get("samples"):
-        text += f"\n(p99 {lat['p99']:.3g} ms)"
+        text += f"\n(p99 {format_ms(lat['p99'])})"
     return text
 
 
@@ -87,6 +94,26 @@ def render_table(document: dict[str, Any], file: IO[str] | None = None) -> None:
     console.print(table)
 
 
+def markdown(document: dict[str, Any]) -> str:
+    """The results table in Markdown (for ``benchmarks/README.md``)."""
+    machine = document["machine"]
+    lines = [
+        f"Mode `{document['mode']}`, {document['date']}, {machine['cpu']}, {machine['cores']} cores, "
+        f"{machine['memory_gib']} GiB, {machine['os']}, Python {machine['python']}, "
+        f"work dir on {machine['work_dir_filesystem']['type']}; wall time "
+        f"{document['wall_seconds']:.0f} s; load average at start "
+        f"{machine.get('load_average_start')}, at end {machine.get('load_average_end')}.",
+        "",
+        "| benchmark | kvlog | anchor | anchor value | kvlog / anchor | goal | result |",
+        "|---|---:|---|---:|---:|---|:---:|",
+    ]
+    for row in rows(document):
+        cells = [row["benchmark"], row["kvlog"], row["anchor"], row["anchor_value"], row["ratio"],
+                 row["goal"] + (f" ({row['note']})" if row["note"] else ""), row["result"]]
+        lines.append("| " + " | ".join(c.replace("\n", " ").replace("|", "/") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_json(document: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write the results document (pretty-printed, keys in a stable order)."""
     target = Path(path)
@@ -105,6 +132,7 @@ def plot(document: dict[str, Any], out_json: str | os.PathLike[str]) -> list[Pat
     import matplotlib.pyplot as plt
 
     base = Path(out_json)
+    base.parent.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     labels: list[str] = []
     speedups: list[float] = []
@@ -130,6 +158,8 @@ def plot(document: dict[str, Any], out_json: str | os.PathLike[str]) -> list[Pat
         y = list(range(len(labels)))
         ax.barh(y, speedups, color=colors)
         ax.set_xscale("log")
+        marks = [target for _row, target in goal_marks]
+        ax.set_xlim(min([*speedups, *marks, 1.0]) / 2, max([*speedups, *marks, 1.0]) * 2.5)
         ax.axvline(1.0, color="black", linewidth=1)
         for row, target in goal_marks:
             ax.plot([target, target], [row - 0.4, row + 0.4], color="black", linewidth=2.5)

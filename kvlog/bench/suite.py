@@ -84,7 +84,7 @@ class Settings:
     """StoreConfig settings of every kvlog store the suite opens (default: none, the defaults)."""
 
 
-FULL = Settings("full", records=1_000_000, repeats=3, append_batches=200, durable_seconds=5.0,
+FULL = Settings("full", records=1_000_000, repeats=3, append_batches=200, durable_seconds=3.0,
                 commit_samples=500, rss_sizes=(100_000, 5_000_000))
 QUICK = Settings("quick", records=50_000, repeats=3, append_batches=20, durable_seconds=1.0,
                  commit_samples=100, rss_sizes=(20_000, 200_000), latency_samples=5_000)
@@ -375,12 +375,12 @@ def bench_log_append(ctx: Context) -> dict[str, Any]:
     )
 
 
-def _lmdb_synced_puts(ctx: Context, threads: int) -> tuple[list[float], list[float]]:
+def _lmdb_synced_puts(ctx: Context, threads: int, repeats: int = 1) -> tuple[list[float], list[float]]:
     """Runs (ops/s) and latencies of one synced LMDB write transaction per put."""
     s = ctx.settings
     runs: list[float] = []
     lat: list[float] = []
-    for _ in range(s.repeats):
+    for _ in range(repeats):
         env = lmdb.open(str(ctx.new_dir("lmdb-sync")), map_size=ctx.lmdb_map_size(len(ctx.keys)),
                         sync=True, metasync=True, max_spare_txns=threads)
         try:
@@ -401,12 +401,12 @@ def _lmdb_synced_puts(ctx: Context, threads: int) -> tuple[list[float], list[flo
 
 
 def _kvlog_durable(ctx: Context, open_store: Callable[[], kvlog.Store], *,
-                   flush_loop: bool) -> tuple[list[float], list[float]]:
+                   flush_loop: bool, repeats: int = 1) -> tuple[list[float], list[float]]:
     """Runs (flushes/s) and latencies of put(sync=True), or of put + flush(), on one thread."""
     s = ctx.settings
     runs: list[float] = []
     lat: list[float] = []
-    for _ in range(s.repeats):
+    for _ in range(repeats):
         store = open_store()
         try:
             if flush_loop:
@@ -427,22 +427,36 @@ def _kvlog_durable(ctx: Context, open_store: Callable[[], kvlog.Store], *,
     return runs, lat
 
 
+def _extend(into: tuple[list[float], list[float]], more: tuple[list[float], list[float]]) -> None:
+    into[0].extend(more[0])
+    into[1].extend(more[1])
+
+
 def bench_log_durable_local(ctx: Context) -> list[dict[str, Any]]:
     """(b) durable flushes per second on local disk vs synced LMDB transactions."""
     began = perf_counter()
-    ctx.bar.describe("log: durable flushes, local (kvlog)")
-    sync_runs, sync_lat = _kvlog_durable(ctx, lambda: ctx.open_store(ctx.new_dir("sync")),
-                                         flush_loop=False)
-    flush_runs, flush_lat = _kvlog_durable(ctx, lambda: ctx.open_store(ctx.new_dir("flush")),
-                                           flush_loop=True)
-    ctx.bar.describe("log: synced LMDB transactions")
-    lm_runs, lm_lat = _lmdb_synced_puts(ctx, 1)
+    sync_runs: list[float] = []
+    sync_lat: list[float] = []
+    flush_runs: list[float] = []
+    flush_lat: list[float] = []
+    lm_runs: list[float] = []
+    lm_lat: list[float] = []
+    # Interleaved (kvlog, kvlog, anchor) per repeat, so drifting load on the machine hits all alike.
+    for _ in range(ctx.settings.repeats):
+        ctx.bar.describe("log: durable flushes, local (kvlog)")
+        _extend((sync_runs, sync_lat), _kvlog_durable(
+            ctx, lambda: ctx.open_store(ctx.new_dir("sync")), flush_loop=False))
+        _extend((flush_runs, flush_lat), _kvlog_durable(
+            ctx, lambda: ctx.open_store(ctx.new_dir("flush")), flush_loop=True))
+        ctx.bar.describe("log: synced LMDB transactions")
+        _extend((lm_runs, lm_lat), _lmdb_synced_puts(ctx, 1))
     seconds = perf_counter() - began
     anchor = measurement("lmdb_sync", "py-lmdb, one synced txn per put", "txn/s", lm_runs,
                          latencies_s=lm_lat)
     common = (
         f"Local disk, one thread, time-bounded runs of {ctx.settings.durable_seconds:g} s, a new "
-        f"store per run. Each flush writes one L0 data file (fsync, rename, directory fsync) and "
+        f"store per run, kvlog and anchor runs alternating. Each flush writes one L0 data file "
+        f"(fsync, rename, directory fsync) and "
         f"one commit (put-if-absent by link, fsync) and applies it to the LMDB cache. Anchor: a "
         f"new py-lmdb environment with sync=True, metasync=True and one write transaction per "
         f"put (each commit fsyncs)."
@@ -502,13 +516,32 @@ def bench_log_s3(ctx: Context) -> list[dict[str, Any]]:
                               storage_options=dict(server.storage_options),
                               cache_dir=str(ctx.new_dir("s3-cache")))
 
-    ctx.bar.describe("log: durable flushes, SeaweedFS (kvlog)")
-    sync_runs, sync_lat = _kvlog_durable(ctx, open_s3, flush_loop=False)
-    flush_runs, flush_lat = _kvlog_durable(ctx, open_s3, flush_loop=True)
+    client = _raw_s3(server)
+    body = bytes(1024)
+    names = iter(range(10**9))
 
-    ctx.bar.describe("log: commit latency, SeaweedFS (kvlog)")
+    def raw_put(_i: int) -> None:
+        obstore.put(client, f"raw/{next(names):012d}", body, mode="create", use_multipart=False)
+
+    sync_runs: list[float] = []
+    sync_lat: list[float] = []
+    flush_runs: list[float] = []
+    flush_lat: list[float] = []
+    raw_runs: list[float] = []
+    raw_lat: list[float] = []
+    for _ in range(s.repeats):
+        ctx.bar.describe("log: durable flushes, SeaweedFS (kvlog)")
+        _extend((sync_runs, sync_lat), _kvlog_durable(ctx, open_s3, flush_loop=False))
+        _extend((flush_runs, flush_lat), _kvlog_durable(ctx, open_s3, flush_loop=True))
+        ctx.bar.describe("log: raw S3 PUTs")
+        n, elapsed, latencies = timed_loop(raw_put, s.durable_seconds)
+        raw_runs.append(n / elapsed)
+        raw_lat.extend(latencies)
+
+    ctx.bar.describe("log: commit latency, SeaweedFS (kvlog and raw PUTs, alternating)")
     size = s.commit_batch_records
     append_lat: list[float] = []
+    raw_commit_lat: list[float] = []
     store = open_s3()
     try:
         producer = store.log.producer()
@@ -521,36 +554,21 @@ def bench_log_s3(ctx: Context) -> list[dict[str, Any]]:
             producer.append(p, records, base_sequence=sequence[p])
             append_lat.append(perf_counter() - t0)
             sequence[p] += size
+            t0 = perf_counter()
+            raw_put(0)
+            raw_commit_lat.append(perf_counter() - t0)
         requests = store.stats().get("storage_requests")
     finally:
         store.close()
 
-    ctx.bar.describe("log: raw S3 PUTs")
-    client = _raw_s3(server)
-    body = bytes(1024)
-    names = iter(range(10**9))
-
-    def raw_put(_i: int) -> None:
-        obstore.put(client, f"raw/{next(names):012d}", body, mode="create", use_multipart=False)
-
-    raw_runs: list[float] = []
-    raw_lat: list[float] = []
-    for _ in range(s.repeats):
-        n, elapsed, latencies = timed_loop(raw_put, s.durable_seconds)
-        raw_runs.append(n / elapsed)
-        raw_lat.extend(latencies)
-    raw_commit_lat = []
-    for _ in range(s.commit_samples):
-        t0 = perf_counter()
-        raw_put(0)
-        raw_commit_lat.append(perf_counter() - t0)
     seconds = perf_counter() - began
     anchor = measurement("s3_put", "raw S3 PUT (If-None-Match), 1 KiB", "PUT/s", raw_runs,
                          latencies_s=raw_lat)
     common = (
         f"SeaweedFS {server.endpoint} (weed mini on loopback, started by "
         f"kvlog.testing.SeaweedServer), one thread, time-bounded runs of {s.durable_seconds:g} s, "
-        f"a new store prefix and LMDB cache per run. A kvlog flush is one PUT of the data file, "
+        f"a new store prefix and LMDB cache per run, kvlog and anchor runs alternating. A kvlog "
+        f"flush is one PUT of the data file, "
         f"one conditional PUT of the commit, and GETs to refresh the commit log. Anchor: raw "
         f"obstore.put of a 1 KiB object with mode='create' (If-None-Match: *), one after the "
         f"other, to the same server through a separate obstore client."
@@ -573,8 +591,8 @@ def bench_log_s3(ctx: Context) -> list[dict[str, Any]]:
                    f"kvlog: {s.commit_samples} calls of Producer.append(partition, {size} records, "
                    f"base_sequence=...) on one store, round-robin over partitions, each timed "
                    f"alone (durable on return). The figure is the p50 latency (ms); p99 is in "
-                   f"latency_ms. Anchor: {s.commit_samples} raw conditional 1 KiB PUTs timed "
-                   f"alone. " + common,
+                   f"latency_ms. Anchor: {s.commit_samples} raw conditional 1 KiB PUTs, each timed "
+                   f"alone right after an append (alternating). " + common,
                    measurement("kvlog", "kvlog Producer.append", "ms", [p50],
                                latencies_s=append_lat, storage_requests=requests),
                    [measurement("s3_put", "raw S3 PUT (If-None-Match), 1 KiB", "ms", [raw_p50],
@@ -827,6 +845,8 @@ def bench_store_durable_threads(ctx: Context) -> dict[str, Any]:
     began = perf_counter()
     kv_runs: list[float] = []
     kv_lat: list[float] = []
+    lm_runs: list[float] = []
+    lm_lat: list[float] = []
     flushes: list[int] = []
     for _ in range(s.repeats):
         ctx.bar.describe(f"store: durable writes, {threads} threads (kvlog)")
@@ -842,10 +862,11 @@ def bench_store_durable_threads(ctx: Context) -> dict[str, Any]:
             flushes.append(int(store.stats()["flushes"]))
         finally:
             store.close()
-    ctx.bar.describe(f"store: durable writes, {threads} threads (LMDB)")
-    lm_runs, lm_lat = _lmdb_synced_puts(ctx, threads)
+        ctx.bar.describe(f"store: durable writes, {threads} threads (LMDB)")
+        _extend((lm_runs, lm_lat), _lmdb_synced_puts(ctx, threads))
     method = (
-        f"{threads} threads, time-bounded runs of {s.durable_seconds:g} s (each thread loops until "
+        f"{threads} threads, time-bounded runs of {s.durable_seconds:g} s, kvlog and anchor runs "
+        f"alternating (each thread loops until "
         f"its deadline; writes/s = all writes / wall time from the start barrier to the last "
         f"join), a new local store per run. kvlog: store.put(key, value, sync=True), distinct keys "
         f"per thread; concurrent waiters share flushes (group commit; flushes per run are in "
@@ -925,6 +946,14 @@ STEPS: list[Step] = [
 ]
 
 
+def _load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages: other work on the machine skews every figure."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # pragma: no cover - not available
+        return None
+
+
 def _seaweed_available() -> str | None:
     """Why SeaweedFS benchmarks cannot run, or None."""
     try:
@@ -966,6 +995,7 @@ def run_suite(
     with _work_dir(work_dir, keep) as work, Progress(len(steps), progress) as bar:
         ctx = Context(settings, work, bar)
         info = machine_info(work)
+        info["load_average_start"] = _load_average()
         try:
             for step_id, group, issue, title, fn in steps:
                 bar.describe(title)
@@ -983,12 +1013,15 @@ def run_suite(
                     entry["traceback"] = traceback.format_exc()
                     entries.append(entry)
                 else:
-                    entries.extend(produced if isinstance(produced, list) else [produced])
+                    for entry in produced if isinstance(produced, list) else [produced]:
+                        entry["load_average"] = _load_average()
+                        entries.append(entry)
                 gc.collect()
                 bar.advance()
         finally:
             ctx.close()
     config = kvlog.StoreConfig.from_settings(None, **settings.store_settings).to_dict()
+    info["load_average_end"] = _load_average()
     return {
         "schema": SCHEMA,
         "mode": settings.mode,

@@ -112,6 +112,7 @@ class Log:
         self.maintain_index = maintain_index
         self.commits_written = 0
         self.commits_applied = 0
+        self._index_stale = False
 
     # -- basic facts ------------------------------------------------------------------------------
     @property
@@ -211,6 +212,9 @@ class Log:
                 try:
                     data = self.storage.read(name)
                 except FileNotFoundError:
+                    if self._index_stale and self.maintain_index:
+                        self.rebuild_index()  # some appended data was compacted away meanwhile
+                        self._index_stale = False
                     return version
                 commit = decode_commit(name, data)
                 if commit.version != version + 1:
@@ -229,18 +233,28 @@ class Log:
             try:
                 data = self.storage.read_range(file.path, loc.position, loc.length)
             except FileNotFoundError:
-                raise CorruptDataError(file.path, "data file of a committed batch is missing") from None
+                # This cache fell behind GC: a later replace took the batch and its file is gone.
+                # Index nothing now; once caught up, the key index is rebuilt from the live
+                # batches (which raises if a live batch's file is missing).
+                missing.append(file.path)
+                return make_record_batch([], [], [])
             return decode_batch(file.path, data, loc)
+
+        missing: list[str] = []
 
         def work(txn: Any) -> bool:
             meta = MetaTxn(self.env, txn)
             if meta.version() != commit.version - 1:
                 return False
+            missing.clear()
             apply_commit(meta, commit, source, self._settings)
+            if missing:
+                meta.put_meta("index_ready", b"0")  # rebuilt at the next open if we stop here
             return True
 
         if self.env.write(work):
             self.commits_applied += 1
+            self._index_stale = self._index_stale or bool(missing)
 
     def outcome(self, commit_id: str) -> dict[str, Any] | None:
         """What applying commit ``commit_id`` decided, if it was applied here recently."""
@@ -495,7 +509,13 @@ class Log:
 
     # -- garbage collection -----------------------------------------------------------------------
     def gc(self, now_ms: int | None = None) -> dict[str, int]:
-        """Delete replaced files past their delay, orphan data files, and commits behind the newest checkpoint."""
+        """Delete replaced files past their delay, orphan data files, and commits behind the newest checkpoint.
+
+        A replaced input goes once ``file_delete_delay_ms`` has passed since its replace commit.
+        An orphan (a file no commit made live) goes once it is older than the delay both by the
+        clock and relative to the newest commit's storage time. Commits older than the newest
+        checkpoint by more than ``commit_retention_ms`` (storage time) go too.
+        """
         self._check_open()
         if self.read_only:
             raise ReadOnlyError("the store is open read-only")
@@ -513,10 +533,18 @@ class Log:
 
                 self.env.write(forget)
                 deleted["replaced"] += 1
+        # Orphans are judged by storage time, never by this process's clock alone: a file is
+        # deleted only when it is older than the delay both by our clock and relative to the
+        # newest commit, so a skewed clock cannot take a file whose commit is still on its way.
+        try:
+            newest_commit_ms = self.storage.stat(commit_name(self.version)).mtime_ms if self.version else 0
+        except FileNotFoundError:
+            newest_commit_ms = 0
+        horizon = min(now, newest_commit_ms) - self.config.file_delete_delay_ms
         for info in self.storage.list(DATA_PREFIX):
             if info.name in live_paths or info.name in pending:
                 continue
-            if info.mtime_ms + self.config.file_delete_delay_ms <= now:
+            if info.mtime_ms <= horizon:
                 self.storage.delete(info.name)
                 deleted["orphans"] += 1
         entries = [(parse_log_name(i.name), i) for i in self.storage.list(LOG_PREFIX)]

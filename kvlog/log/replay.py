@@ -97,7 +97,10 @@ def apply_commit(
             _apply_producer(txn, commit, settings, now)
             results = []
         outcome: dict[str, Any] = {"version": commit.version, "error": None, "results": results}
-    except KvlogError as e:
+    except (ProducerError, _Refused) as e:
+        # Only the rules refuse a commit. A corrupt or unreadable data file (CorruptDataError,
+        # StorageError) propagates and aborts the transaction: recording it as refused would drop
+        # a committed append for this reader only, and its offsets would differ from everyone's.
         outcome = {"version": commit.version, "error": [type(e).__name__, str(e)], "results": []}
     txn.set_version(commit.version)
     txn.set_last_commit_ms(now)

@@ -136,8 +136,8 @@ def resend_and_verify(the_log: Log, acked: dict[int, AppendResult]) -> None:
         assert [len(found[k]) for k, _v in b.records] == [1] * len(b.records)
         offsets = [found[k][0][1] for k, _v in b.records]
         assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))  # a batch stays contiguous
-    for k, v in the_log.snapshot(lambda r: [(k, e.inline) for k, e in r.index_scan()]):
-        assert v is not None and v.endswith(k)
+    for key, inline in the_log.snapshot(lambda r: [(k, e.inline) for k, e in r.index_scan()]):
+        assert inline is not None and inline.endswith(key)
     assert check_store(the_log) == []
 
 
@@ -333,3 +333,34 @@ def test_repeated_data_write_failures_then_success(tmp_path: Path) -> None:
     assert len(faulty.injected) == 3
     resend_and_verify(run.log, run.acked)
     run.log.close()
+
+
+@pytest.mark.parametrize("kind", ["error", "timeout_after_success"])
+def test_a_failed_data_read_during_replay_loses_no_commit(tmp_path: Path, kind: str) -> None:
+    """A reader replaying commits with a fresh cache hits a storage fault reading a batch: the
+    commit must not be recorded as refused (that reader would lose it and disagree on offsets)."""
+    run = Run()
+    run_flow(LocalStorage(tmp_path / "root", fsync=False), tmp_path / "cache", run)
+    assert run.log is not None
+    run.log.close()
+    probe = FaultyStorage(LocalStorage(tmp_path / "root", fsync=False))
+    _reopen_on(probe, tmp_path / "probe-cache", seed=SEED + 300).close()
+    reads = [e for e in probe.history if e.op == "read_range"]
+    assert len(reads) == len(BATCHES)  # replay reads each batch once, to index it
+    for event in reads:
+        cache = tmp_path / f"replay-{event.index}"
+        faulty = FaultyStorage(LocalStorage(tmp_path / "root", fsync=False), event.error_plan(kind))  # type: ignore[arg-type]
+        try:
+            reader = _reopen_on(faulty, cache, seed=SEED + 301 + event.index)
+        except StorageError:
+            reader = _reopen_on(faulty, cache, seed=SEED + 401 + event.index)  # the fault is gone now
+        try:
+            assert faulty.injected, event
+            check_acked(reader, run.acked)
+            resend_and_verify(reader, run.acked)
+        finally:
+            reader.close()
+
+
+def _reopen_on(storage: Any, cache: Path, seed: int) -> Log:
+    return open_log(storage, cache_dir=cache, config=CONFIG, clock=ManualClock(), ids=SeededIdSource(seed))

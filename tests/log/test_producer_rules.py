@@ -26,7 +26,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from kvlog.clock import ManualClock, SeededIdSource
 from kvlog.config import StoreConfig
-from kvlog.errors import InvalidRecordError, OutOfOrderSequenceError, ProducerError, ProducerFencedError
+from kvlog.errors import (
+    InvalidRecordError,
+    OutOfOrderSequenceError,
+    ProducerError,
+    ProducerFencedError,
+)
 from kvlog.format.commit import decode_commit
 from kvlog.log.log import Log, Producer, open_log
 from kvlog.log.naming import commit_name
@@ -443,6 +448,26 @@ def test_duplicate_through_the_log_returns_original_offsets_and_writes_nothing(
     after = (the_log.version, the_log.end_offset(1), _live_files(the_log),
              helpers.commit_names(root), _data_files(root), helpers.records_of(the_log, 1))
     assert after == before
+
+
+def test_a_duplicate_decided_at_replay_never_becomes_live(tmp_path: Path, make_log: Any, helpers: Any) -> None:
+    """A resend from a handle whose cache is behind is written and committed, and replay refuses
+    it as a duplicate (a retroactive tombstone): original offsets, nothing live, for every reader."""
+    root = tmp_path / "root"
+    first = make_log(root, tmp_path / "cache-a")
+    producer = first.producer(PID)
+    second = make_log(root, tmp_path / "cache-b")
+    resumed = second.producer(PID, epoch=producer.epoch)  # a second process of the same producer
+    sent = producer.append(2, _recs("once", 3), base_sequence=0)
+    producer.append(2, _recs("then", 1), base_sequence=3)
+    version, files = first.version, _live_files(first)
+    again = resumed.append(2, _recs("once", 3), base_sequence=0)  # its cache had not seen them
+    assert (again.base_offset, again.last_offset, again.duplicate) == (sent.base_offset, sent.last_offset, True)
+    assert second.version == version + 1  # the resend was committed, and refused at replay
+    for reader in (first, second, make_log(root, tmp_path / "cache-c")):
+        reader.refresh()
+        assert reader.end_offset(2) == 4 and _live_files(reader) == files
+        assert [k for _o, k, _v in helpers.records_of(reader, 2)] == [k for k, _v in _recs("once", 3) + _recs("then", 1)]
 
 
 def test_gap_and_partial_overlap_through_the_log_change_no_offsets(

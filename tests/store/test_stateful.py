@@ -1,6 +1,7 @@
 """A model test: a Store and a dict driven side by side (STYLE #13, DESIGN §4, §6, §7, §10).
 
 The machine writes with puts, deletes and batches (some aborted), flushes,
+compacts (on a manual clock that moves tombstones past their horizon),
 reads with get/contains/len/scan, closes and reopens, crashes and reopens
 (``close(flush=False)``), and keeps a second, read-only handle with its own
 metadata cache. Two models are kept: ``model`` (what the writer must read) and
@@ -57,6 +58,16 @@ values = st.builds(lambda head, pad: head + b"v" * pad, st.binary(max_size=6), s
 batch_ops = st.lists(st.tuples(keys, st.none() | values), min_size=1, max_size=8)
 
 
+#: Compaction with a small offset map, quick merges and short tombstone retention, on the
+#: machine's manual clock (producers never expire within a run).
+COMPACTION: dict[str, Any] = {
+    "offset_map_bytes": 1 << 20,
+    "l0_merge_files": 3,
+    "delete_retention_ms": 1000,
+    "producer_id_expiration_ms": 30 * 24 * 3600 * 1000,
+}
+
+
 class Boom(Exception):
     """Raised inside a ``with store.batch()`` block to abort it."""
 
@@ -89,8 +100,10 @@ class StoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.root = self.make_root()
-        self.store = self.root.open(partitions=3, **EXPLICIT_FLUSH)
-        self.reader = self.root.open(cache="reader", read_only=True)
+        self.clock = kvlog.ManualClock()
+        self.settings: dict[str, Any] = {**EXPLICIT_FLUSH, **COMPACTION}
+        self.store = self.root.open(partitions=3, clock=self.clock, **self.settings)
+        self.reader = self.root.open(cache="reader", read_only=True, clock=self.clock)
         self.model: dict[bytes, bytes] = {}
         self.durable: dict[bytes, bytes] = {}
         self.version = self.store.flush()
@@ -198,19 +211,34 @@ class StoreMachine(RuleBasedStateMachine):
         got = list(self.store.scan(start, stop, prefix=prefix, reverse=reverse))
         assert got == _expected_scan(self.model, start, stop, prefix, reverse)
 
+    # -- compaction and time -------------------------------------------------------------------
+    @rule(force=st.booleans(), flush_first=st.booleans())
+    def compact(self, force: bool, flush_first: bool) -> None:
+        if flush_first:  # compaction reads durable records only
+            self.store.flush()
+            self._made_durable()
+        report = self.store.compact(force=force)
+        assert isinstance(report, kvlog.CompactionReport)
+        assert report.records_written <= report.records_read
+        assert list(self.store.scan()) == sorted(self.model.items())
+
+    @rule(ms=st.sampled_from([1, 600, 1500]))
+    def advance_time(self, ms: int) -> None:
+        self.clock.advance(ms)  # tombstones pass their horizon (delete_retention_ms=1000)
+
     # -- lifecycle ------------------------------------------------------------------------------
     @rule()
     def close_and_reopen(self) -> None:
         self.store.close()
         self._made_durable()
-        self.store = self.root.open(**EXPLICIT_FLUSH)
+        self.store = self.root.open(clock=self.clock, **self.settings)
         assert list(self.store.scan()) == sorted(self.model.items())
 
     @rule()
     def crash_and_reopen(self) -> None:
         self.store.close(flush=False)
         self.model = dict(self.durable)
-        self.store = self.root.open(**EXPLICIT_FLUSH)
+        self.store = self.root.open(clock=self.clock, **self.settings)
         assert list(self.store.scan()) == sorted(self.model.items())
         assert len(self.store) == len(self.model)
 
@@ -275,7 +303,7 @@ def test_store_matches_model_local(tmp_path: Path) -> None:
         where = Path(tempfile.mkdtemp(dir=base))
         return Root("local", str(where / "store"), None, where / "work")
 
-    run_state_machine_as_test(_machine(make_root), settings=_settings(60))
+    run_state_machine_as_test(_machine(make_root), settings=_settings(100))
 
 
 @pytest.mark.s3

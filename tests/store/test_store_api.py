@@ -294,6 +294,43 @@ def test_changes_in_offset_order_partition_by_partition(root: Root, opened: list
     assert list(store.changes(from_offset=10**6)) == []
 
 
+# -- compaction ------------------------------------------------------------------------------------
+
+
+def test_compact_keeps_the_latest_value_of_every_key(root: Root, opened: list[Any]) -> None:
+    store = root.open(partitions=2, offset_map_bytes=1 << 20, **EXPLICIT_FLUSH)
+    opened.append(store)
+    for round_ in range(4):
+        for i in range(20):
+            store.put(b"k%02d" % i, b"r%d" % round_)
+        store.flush()
+    store.delete(b"k00")
+    store.flush()
+    before = list(store.scan())
+    latest = {(r.partition, r.key): r.offset for r in store.changes()}
+    report = store.compact(force=True)
+    assert isinstance(report, kvlog.CompactionReport)
+    for name in ("rounds", "partial", "records_read", "records_written", "records_removed",
+                 "tombstones_removed", "bytes_read", "bytes_written", "files_in", "files_out",
+                 "map_capacity", "checkpoints", "duration_s"):
+        assert hasattr(report, name), name
+    assert report.rounds >= 1 and report.partial is False
+    assert report.records_removed >= 3 * 20 - 1  # three superseded rounds; k00's tombstone stays
+    assert report.records_read == report.records_written + report.records_removed
+    assert report.files_in >= 5 and report.files_out >= 1 and report.map_capacity > 0
+    assert list(store.scan()) == before
+    records = list(store.changes())
+    # The survivors are exactly the latest record of each key, at their original offsets.
+    assert {(r.partition, r.key): r.offset for r in records} == latest
+    assert [r.value for r in records if r.key == b"k00"] == [None]
+    assert store.check() == []
+    reader = root.open(cache="reader", read_only=True)
+    opened.append(reader)
+    assert list(reader.scan()) == before
+    with pytest.raises(ReadOnlyError):
+        reader.compact()
+
+
 # -- statistics ------------------------------------------------------------------------------------
 
 
@@ -394,6 +431,7 @@ def test_closed_store_raises(root: Root) -> None:
         lambda: store.changes(),
         lambda: store.check(),
         lambda: store.stats(),
+        lambda: store.compact(),
     ]
     for call in calls:
         with pytest.raises(StoreClosedError):
