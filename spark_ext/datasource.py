@@ -48,7 +48,7 @@ from kvlog.log import open_log
 from kvlog.log.naming import data_file_name
 from kvlog.log.records import partition_for_key
 from kvlog.storage import open_storage
-from spark_ext.options import storage_options_from, store_uri
+from spark_ext.options import driver_cache_dir, storage_options_from, store_uri
 
 __all__ = ["KvlogDataSource", "LOG_SCHEMA", "LATEST_SCHEMA", "live_batches", "read_batches"]
 
@@ -70,8 +70,8 @@ _LATEST_ARROW = pa.schema([
 def live_batches(uri: str, storage_options: dict[str, Any] | None, cache_dir: str | None = None
                  ) -> tuple[int, int, list[dict[str, Any]]]:
     """(version, partitions, every live batch in partition then offset order) at the newest version."""
-    the_log = open_log(uri, create=False, read_only=True, storage_options=storage_options, cache_dir=cache_dir,
-                       maintain_index=False)
+    the_log = open_log(uri, create=False, read_only=True, storage_options=storage_options,
+                       cache_dir=driver_cache_dir(uri, cache_dir), maintain_index=False)
     try:
         def collect(r: Any) -> list[dict[str, Any]]:
             return [b for p in range(the_log.partitions) for b in r.iter_batches(p, 0)]
@@ -108,7 +108,7 @@ class _Reader(DataSourceReader):  # type: ignore[misc]
         self.storage_options = storage_options_from(options)
         self.view = view
         self.internal = internal
-        self.cache_dir = options.get("cache_dir")
+        self.cache_dir = options.get("cache_dir") or None
         self.partitions_wanted: set[int] | None = None
         self.offset_min: int | None = None
         self.offset_max: int | None = None  # exclusive
@@ -212,13 +212,13 @@ class _Writer(DataSourceArrowWriter):  # type: ignore[misc]
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.uri = store_uri(options)
         self.storage_options = storage_options_from(options)
-        self.cache_dir = options.get("cache_dir")
+        self.cache_dir = options.get("cache_dir") or None
         names = [f.name for f in schema.fields]
         if "key" not in names:
             raise InvalidRecordError(f"a DataFrame written to kvlog needs a 'key' column; it has {names}")
         self.job_id = uuid.uuid4().hex
         the_log = open_log(self.uri, create=False, read_only=True, storage_options=self.storage_options,
-                           cache_dir=self.cache_dir, maintain_index=False)
+                           cache_dir=driver_cache_dir(self.uri, self.cache_dir), maintain_index=False)
         try:
             self.partitions = the_log.partitions
             self.compression = the_log.config.compression
@@ -279,8 +279,8 @@ class _Writer(DataSourceArrowWriter):  # type: ignore[misc]
                  for f in m.files]
         if not files:
             return
-        the_log = open_log(self.uri, create=False, storage_options=self.storage_options, cache_dir=self.cache_dir,
-                           maintain_index=False)
+        the_log = open_log(self.uri, create=False, storage_options=self.storage_options,
+                           cache_dir=driver_cache_dir(self.uri, self.cache_dir), maintain_index=False)
         try:
             commit_id = uuid.uuid4().hex
             outcome = the_log.commit(lambda v: Commit(v, commit_id, the_log.clock.now_ms(), "append",

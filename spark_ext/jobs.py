@@ -26,6 +26,7 @@ from kvlog.log import open_log
 from kvlog.log.naming import data_file_name
 from kvlog.meta import MetaTxn
 from kvlog.storage import open_storage
+from spark_ext.options import driver_cache_dir
 
 __all__ = ["register", "compact", "materialize", "rebuild_index"]
 
@@ -53,8 +54,8 @@ def compact(spark: Any, uri: str, *, storage_options: dict[str, Any] | None = No
     from pyspark.sql import functions as F
 
     config = StoreConfig.from_settings(None, **settings)
-    the_log = open_log(uri, create=False, storage_options=storage_options, cache_dir=cache_dir, config=config,
-                       maintain_index=False)
+    the_log = open_log(uri, create=False, storage_options=storage_options, cache_dir=driver_cache_dir(uri, cache_dir),
+                       config=config, maintain_index=False)
     try:
         the_log.refresh()
         now = the_log.clock.now_ms() if now_ms is None else now_ms

@@ -155,7 +155,7 @@ class Compactor:
             raise
         finally:
             del offset_map
-        for p in result.checkpoints:
+        for p in batches:  # every partition the job read and wrote (merges and copies too)
             self.failures.pop(p, None)
         cleaner = {str(p): {"checkpoint": end, "last_round_ms": now, "partial": end < plan.clean[p].first_uncleanable}
                    for p, end in result.checkpoints.items()}

@@ -467,7 +467,13 @@ class Log:
             self.storage.put_if_absent(checkpoint_name(version), encode_document("checkpoint", body))
         except FileExistsError:
             pass
-        self.env.write(lambda txn: MetaTxn(self.env, txn).put_meta("checkpoint_version", str(version).encode()))
+        def record(txn: Any) -> None:
+            meta = MetaTxn(self.env, txn)
+            meta.put_meta("checkpoint_version", str(version).encode())
+            # Outcomes are only needed by a committer that is still waiting for its commit.
+            meta.prune_outcomes(version - self.config.checkpoint_interval)
+
+        self.env.write(record)
         return version
 
     def load_checkpoint(self, version: int) -> None:
@@ -697,7 +703,7 @@ def open_log(
         cfg = config or StoreConfig()
         if cfg.partitions != identity.partitions:
             cfg = StoreConfig.from_settings(cfg, partitions=identity.partitions)
-        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir(storage)
+        cache = Path(cache_dir) if cache_dir else default_cache_dir(storage)
         env = acquire_env(cache)
     except BaseException:
         if owns:

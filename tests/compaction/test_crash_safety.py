@@ -292,3 +292,31 @@ def test_gc_failing_after_a_job(template: Template, tmp_path: Path, kind: str) -
     finally:
         store.close(flush=False)
     assert verify_recovery(template, path, ManualClock(template.start + 1_000)) == "new"
+
+
+def test_a_partition_that_failed_in_a_merge_is_cleared_when_a_merge_succeeds(tmp_path: Path) -> None:
+    faulty = FaultyStorage(LocalStorage(tmp_path / "root", fsync=False))
+    clock = ManualClock(time.time_ns() // 1_000_000)
+    settings = {**MANUAL, "l0_merge_files": 3, "min_cleanable_dirty_ratio": 1.0}
+    store = kvlog.open(faulty, cache_dir=tmp_path / "cache", clock=clock, **settings)
+    try:
+        for flush in range(3):
+            for i in range(6):
+                store.put(f"k{i}", str(flush))
+            store.flush()
+        before = records(store)
+        faulty.set_plan(FaultPlan().fail("stream_read", "data/*"))
+        with pytest.raises(KvlogError):
+            store.compact()
+        failing = store.stats()["compaction"]["failing_partitions"]
+        assert len(failing) == 1
+        faulty.set_plan(None)
+        clock.advance(max(f["retry_at_ms"] for f in failing.values()) - clock.now_ms())
+        report = store.compact()
+        assert (report.kind, report.rounds, report.records_removed) == ("merge", 1, 0)
+        # A merge cleans no partition, yet it read and wrote the failed one: no longer failing.
+        assert store.stats()["compaction"]["failing_partitions"] == {}
+        assert records(store) == before
+        assert store.check() == []
+    finally:
+        store.close()

@@ -2,8 +2,9 @@
 
 Each example opens a fresh store with a tiny offset map (64 to 1024 bytes: one
 to 64 keys per pass, so most rounds are partial), applies puts, deletes and
-flushes over a small key space, and compacts at random moments with the clock
-moved by random amounts. After every round:
+flushes over a small key space, compacts at random moments with the clock
+moved by random amounts (cleaning rounds and L0 merges), and closes and
+reopens the store, sometimes with a fresh cache. After every round:
 
 * ``get`` and ``scan`` equal the model (reads see unflushed writes too);
 * ``check()`` finds nothing;
@@ -32,7 +33,8 @@ PUT = st.tuples(st.just("put"), st.sampled_from(KEYS), st.integers(0, 99))
 DELETE = st.tuples(st.just("delete"), st.sampled_from(KEYS))
 FLUSH = st.tuples(st.just("flush"))
 COMPACT = st.tuples(st.just("compact"), st.sampled_from([0, 1, 10, 40, 200, 5_000]), st.booleans())
-OPS = st.lists(st.one_of(PUT, PUT, PUT, DELETE, FLUSH, COMPACT), min_size=1, max_size=40)
+REOPEN = st.tuples(st.just("reopen"), st.booleans())
+OPS = st.lists(st.one_of(PUT, PUT, PUT, DELETE, FLUSH, COMPACT, COMPACT, REOPEN), min_size=1, max_size=40)
 
 SETTINGS = st.fixed_dictionaries({
     "partitions": st.integers(1, 3),
@@ -41,8 +43,9 @@ SETTINGS = st.fixed_dictionaries({
     "delete_retention_ms": st.sampled_from([0, 50, 1_000]),
     "min_compaction_lag_ms": st.sampled_from([0, 0, 30]),
     "max_compaction_lag_ms": st.sampled_from([None, 100]),
-    "min_cleanable_dirty_ratio": st.sampled_from([0.0, 0.3, 0.5]),
+    "min_cleanable_dirty_ratio": st.sampled_from([0.0, 0.3, 0.5, 1.0]),
     "inline_value_bytes": st.sampled_from([0, 1024]),
+    "l0_merge_files": st.sampled_from([2, 3, 32]),
 })
 
 Rec = tuple[int, int, bytes, bytes | None]
@@ -81,16 +84,20 @@ def test_random_workloads_with_random_compactions_match_a_dict_model(
         config["offset_map_load_factor"] = 1.0
     clock = ManualClock(1_700_000_000_000)
     with tempfile.TemporaryDirectory() as tmp:
-        store = kvlog.open(
-            LocalStorage(Path(tmp) / "store", fsync=False), cache_dir=Path(tmp) / "cache", clock=clock,
-            flush_interval_ms=0, flush_bytes=1 << 30, max_unflushed_bytes=1 << 30,
-            background_compaction=False, **config,
-        )
+        caches = 0
+
+        def reopen() -> kvlog.Store:
+            return kvlog.open(
+                LocalStorage(Path(tmp) / "store", fsync=False), cache_dir=Path(tmp) / f"cache-{caches}",
+                clock=clock, flush_interval_ms=0, flush_bytes=1 << 30, max_unflushed_bytes=1 << 30,
+                background_compaction=False, **config,
+            )
+
+        store = reopen()
         try:
             model: dict[bytes, bytes | None] = {}
             durable: dict[bytes, Rec] = {}
             known: set[Rec] = set()
-            compacted = 0
             for op in [*ops, ("flush",), ("compact", 10_000, False)]:
                 if op[0] == "put":
                     clock.advance(1)
@@ -106,11 +113,20 @@ def test_random_workloads_with_random_compactions_match_a_dict_model(
                         rec = (r.partition, r.offset, r.key, r.value)
                         known.add(rec)
                         durable[r.key] = rec
-                else:
+                elif op[0] == "compact":
                     clock.advance(op[1])
                     report = store.compact(force=op[2])
-                    compacted += report.rounds
                     assert not report.refused
+                    check_against_model(store, model, durable, known)
+                elif op[0] == "reopen":
+                    # A clean close flushes; with a fresh cache the metadata is replayed from the log.
+                    store.close()
+                    caches += int(op[1])
+                    store = reopen()
+                    for r in store.changes():
+                        rec = (r.partition, r.offset, r.key, r.value)
+                        known.add(rec)
+                        durable[r.key] = rec
                     check_against_model(store, model, durable, known)
             # Rounds to a fixed point: afterwards every key has exactly one record left.
             for _ in range(200):

@@ -115,15 +115,24 @@ def check_acked(the_log: Log, acked: dict[int, AppendResult]) -> None:
             [(b.partition, result.base_offset + j)] for j in range(len(b.records))]
 
 
-def resend_and_verify(the_log: Log, acked: dict[int, AppendResult]) -> None:
-    """Resend every batch with its original sequence; then each batch is in the log exactly once."""
+def resend_and_verify(the_log: Log, acked: dict[int, AppendResult], *, replay_decides: bool = False) -> None:
+    """Resend every batch with its original sequence; then each batch is in the log exactly once.
+
+    ``replay_decides``: skip the writer's early duplicate check, so every resend is written and
+    committed and the producer rules decide at replay (the path of a writer with a stale cache).
+    """
     check_acked(the_log, acked)
     producer = resume(the_log)
     for i, b in enumerate(BATCHES):
         found = keys_present(the_log)
         landed = [k in found for k, _v in b.records]
         assert len(set(landed)) == 1, f"batch {i} landed in part: {landed}"
-        result = producer.append(b.partition, b.records, base_sequence=b.base_sequence)
+        version = the_log.version
+        with pytest.MonkeyPatch.context() as patch:
+            if replay_decides:
+                patch.setattr(Log, "_known_duplicates", lambda *_args: None)
+            result = producer.append(b.partition, b.records, base_sequence=b.base_sequence)
+        assert the_log.version == version + (0 if result.duplicate and not replay_decides else 1)
         if i in acked:
             assert result == AppendResult(acked[i].base_offset, acked[i].last_offset, True)
         else:
@@ -188,7 +197,7 @@ def _recover_after_crash(directory: Path, run: Run, cache: str, seed: int) -> No
         run.log.close()  # the "process" is gone; only its files and its LMDB remain
     reopened = _reopen(directory, cache, seed)
     try:
-        resend_and_verify(reopened, run.acked)
+        resend_and_verify(reopened, run.acked, replay_decides=cache == "fresh-cache")
     finally:
         reopened.close()
 
@@ -241,7 +250,7 @@ def test_storage_fault_at_every_step_then_retry_in_process(
             faulty.set_plan(None)
             if run.log is not None:
                 # Same process, same handle: resend everything (resume, same sequences).
-                resend_and_verify(run.log, run.acked)
+                resend_and_verify(run.log, run.acked, replay_decides=event.index % 2 == 1)
                 run.log.close()
             # Whatever happened, a cold reader of the root sees each batch exactly once.
             final = _reopen(directory, "cold-cache", seed=SEED + 100 + event.index)

@@ -1,0 +1,1 @@
+"""Tests of kvlog.log: producer rules, basics, faults, concurrency, corruption, bad input."""

@@ -1,0 +1,127 @@
+"""Append writes through the data source: ``df.write.format("kvlog").mode("append").save(uri)``.
+
+Each Spark task is an idempotent producer and the driver makes every task's
+file live in one commit; bad input fails the whole write and commits nothing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kvlog
+
+pytestmark = pytest.mark.spark
+
+
+def _write(df: Any, uri: str, mode: str = "append") -> None:
+    df.write.format("kvlog").mode(mode).save(uri)
+
+
+def test_append_binary_and_string_columns_with_deletes(spark: Any, kv: Any, tmp_path: Path) -> None:
+    path = str(tmp_path / "store")
+    with kv.open_store(path) as store:
+        model = kv.fill(store, ops=300, keys=80, seed=11)
+        version = store.log.version
+        # Binary keys and values; a null value deletes. Two input partitions -> two tasks.
+        rows = [(b"key-%05d" % i, None if i % 4 == 0 else b"bin-%d" % i) for i in range(0, 80, 2)]
+        df = spark.createDataFrame(rows, "key binary, value binary").repartition(2)
+        _write(df, path)
+        for key, value in rows:
+            if value is None:
+                model.pop(key, None)
+            else:
+                model[key] = value
+        # The open store sees the append (its own key index took the commit).
+        assert store.log.refresh() == version + 1, "the write was not one commit"
+        assert {k: store.get(k) for k in model} == model
+        assert all(store.get(k) is None for k, v in rows if v is None)
+        # String columns are stored as UTF-8.
+        text = spark.createDataFrame([("naïve-%d" % i, "välue-%d" % i) for i in range(20)] + [("key-00001", None)],
+                                     "key string, value string")
+        _write(text, path)
+        for i in range(20):
+            model[("naïve-%d" % i).encode()] = ("välue-%d" % i).encode()
+        model.pop(b"key-00001", None)
+        assert store.get("naïve-7") == "välue-7".encode()
+        assert store.get("key-00001") is None
+        assert len(store) == len(model)
+        assert dict(store.scan()) == model
+        assert store.check() == []
+    # A fresh open (the key index from the cache) agrees as well.
+    with kvlog.open(path, read_only=True) as again:
+        assert dict(again.scan()) == model
+        assert again.check() == []
+
+
+def test_a_retried_task_never_duplicates(spark: Any, kv: Any, tmp_path: Path) -> None:
+    """Task 1 fails on its first attempt (local[2,2] allows one retry); every key lands once."""
+    from pyspark import TaskContext
+
+    path = str(tmp_path / "store")
+    marker = tmp_path / "first-attempt-failed"
+    with kv.open_store(path) as store:
+        store.put("before", "x", sync=True)
+    keys = [b"retry-%05d" % i for i in range(400)]
+    df = spark.createDataFrame([(k, b"v-" + k) for k in keys], "key binary, value binary").repartition(2, "key")
+    marker_path = str(marker)
+
+    def fail_once(batches: Any) -> Any:
+        context = TaskContext.get()
+        for batch in batches:
+            yield batch
+            if context.partitionId() == 1 and context.attemptNumber() == 0:
+                open(marker_path, "w").close()
+                raise RuntimeError("injected failure of the first attempt")
+
+    flaky = df.mapInArrow(fail_once, df.schema)
+    _write(flaky, path)
+    assert marker.exists(), "the injected failure never happened"
+    with kvlog.open(path, read_only=True) as store:
+        counts = Counter(r.key for r in store.changes())
+        assert {k: counts[k] for k in keys} == {k: 1 for k in keys}
+        assert counts[b"before"] == 1
+        assert sum(counts.values()) == len(keys) + 1
+        assert all(store.get(k) == b"v-" + k for k in keys)
+        assert store.check() == []
+
+
+def _unchanged(kv: Any, path: str, version: int, files: set[str], model: dict[bytes, bytes]) -> None:
+    with kvlog.open(path, read_only=True) as store:
+        assert store.log.version == version
+        assert kv.live_files(store) == files
+        assert dict(store.scan()) == model
+        assert store.check() == []
+
+
+def test_bad_input_commits_nothing(spark: Any, kv: Any, tmp_path: Path) -> None:
+    path = str(tmp_path / "store")
+    with kv.open_store(path) as store:
+        model = kv.fill(store, ops=100, keys=30, seed=12)
+        version = store.log.version
+        files = kv.live_files(store)
+    # No `key` column: refused on the driver, before any task runs.
+    no_key = spark.createDataFrame([(b"a", b"1")], "k binary, value binary")
+    with pytest.raises(Exception, match="InvalidRecordError") as caught:
+        _write(no_key, path)
+    assert "'key' column" in str(caught.value)
+    _unchanged(kv, path, version, files, model)
+    # A null key in one task: the whole write fails (after the retry) and nothing is committed,
+    # not even the other task's valid rows.
+    good = [(b"fine-%03d" % i, b"v") for i in range(50)]
+    bad = spark.createDataFrame(good + [(None, b"orphan")], "key binary, value binary").repartition(2)
+    with pytest.raises(Exception, match="may not be null"):
+        _write(bad, path)
+    _unchanged(kv, path, version, files, model)
+    # Keys and values must be binary or string.
+    numbers = spark.createDataFrame([(1, b"v")], "key int, value binary")
+    with pytest.raises(Exception, match="binary or string"):
+        _write(numbers, path)
+    _unchanged(kv, path, version, files, model)
+    # Overwrite is refused: the data source only appends.
+    with pytest.raises(Exception, match="only appends"):
+        _write(spark.createDataFrame(good, "key binary, value binary"), path, mode="overwrite")
+    _unchanged(kv, path, version, files, model)
