@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import os
+from collections.abc import Mapping
 from hashlib import sha256
 from pathlib import Path
+from typing import Any
 
 from kvlog.errors import ConfigError
 
