@@ -24,8 +24,15 @@ def _open(args: argparse.Namespace, **kwargs: Any) -> Any:
     return kvlog.open(args.uri, storage_options=options, background_compaction=False, **kwargs)
 
 
+def _writer_id() -> int:
+    """A producer id of its own for a one-off command, so it never fences an application."""
+    from kvlog.clock import SystemIdSource
+
+    return int.from_bytes(SystemIdSource().token(8), "big") >> 1
+
+
 def _cmd_put(args: argparse.Namespace) -> int:
-    with _open(args) as store:
+    with _open(args, producer_id=_writer_id()) as store:
         store.put(args.key, args.value, sync=True)
     return 0
 
@@ -41,7 +48,7 @@ def _cmd_get(args: argparse.Namespace) -> int:
 
 
 def _cmd_delete(args: argparse.Namespace) -> int:
-    with _open(args, create=False) as store:
+    with _open(args, create=False, producer_id=_writer_id()) as store:
         store.delete(args.key, sync=True)
     return 0
 

@@ -188,6 +188,10 @@ def _feed(output: OutputWriter, partitions: list[int], offsets: list[int], stamp
 def materialize(spark: Any, uri: str, output_path: str, *, storage_options: dict[str, Any] | None = None,
                 cache_dir: str | None = None, mode: str = "overwrite") -> dict[str, Any]:
     """Write the latest state (key, value, partition, offset, timestamp) as Parquet at ``output_path``."""
+    # Open the store on the driver first: a missing store or a bad URI is then kvlog's own
+    # StoreNotFoundError / ConfigError, not a Spark AnalysisException wrapping it.
+    open_log(uri, create=False, read_only=True, storage_options=storage_options,
+             cache_dir=driver_cache_dir(uri, cache_dir), maintain_index=False).close()
     df = _reader(spark, uri, storage_options, view="latest", cache_dir=cache_dir or "")
     df.write.mode(mode).parquet(output_path)
     written = spark.read.parquet(output_path)

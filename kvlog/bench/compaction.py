@@ -836,11 +836,11 @@ def format_table(document: dict[str, Any]) -> str:
     lines = [f"kvlog compaction benchmarks ({document['mode']}, {document['date']}, "
              f"{document['wall_seconds']:.0f} s; load {document['machine'].get('loadavg_start')} -> "
              f"{document['machine'].get('loadavg_end')})"]
-    header = f"{'benchmark':<24} {'kvlog':>18} {'anchor':<44} {'ratio':>8}  goal"
+    header = f"{'benchmark':<28} {'kvlog':>18} {'anchor':<44} {'ratio':>8}  goal"
     lines += [header, "-" * len(header)]
     for e in document["benchmarks"]:
         if e["status"] != "ok":
-            lines.append(f"{e['id']:<24} {e['status']}: {e.get('reason', '')[:100]}")
+            lines.append(f"{e['id']:<28} {e['status']}: {e.get('reason', '')[:100]}")
             continue
         subject = _fmt(e["subject"]["value"], e["unit"])
         goal = e.get("goal")
@@ -848,15 +848,15 @@ def format_table(document: dict[str, Any]) -> str:
         for i, anchor in enumerate(e["anchors"]):
             ratio = e["ratios"][anchor["key"]]["ratio"]
             text = f"{anchor['name'][:30]} {_fmt(anchor['value'], anchor['unit'])}"
-            lines.append(f"{e['id'] if i == 0 else '':<24} {subject if i == 0 else '':>18} {text:<44} "
+            lines.append(f"{e['id'] if i == 0 else '':<28} {subject if i == 0 else '':>18} {text:<44} "
                          f"{'-' if ratio is None else f'{ratio:.3f}x':>8}  {verdict if i == 0 else ''}")
         if e["id"].startswith("compaction.memory"):
             s = e["subject"]
-            lines.append(f"{'':<24} {'':>18} peak {s['peak_mib']:.1f} MiB, baseline "
+            lines.append(f"{'':<28} {'':>18} peak {s['peak_mib']:.1f} MiB, baseline "
                          f"{s['baseline_mib']:.1f} MiB")
         if e["id"] == "compaction.requests_s3":
             for r in e["subject"]["rows"]:
-                lines.append(f"{'':<24} {'':>18} {r['input_files']:>2} files: {r['stream_gets']} stream, "
+                lines.append(f"{'':<28} {'':>18} {r['input_files']:>2} files: {r['stream_gets']} stream, "
                              f"{r['gets']} GETs, {r['puts']} PUTs {r['requests']}")
     return "\n".join(lines)
 

@@ -273,7 +273,12 @@ class Log:
         if self.read_only:
             raise ReadOnlyError("the store is open read-only")
         with self._commit_lock:
+            storage_errors = 0
+            last_error: StorageError | None = None
             for _attempt in range(self.config.commit_retries):
+                if storage_errors:
+                    # Back off from a failing backend (not from a lost race): 10 ms doubling to 1 s.
+                    self._pause(min(0.01 * 2 ** (storage_errors - 1), 1.0))
                 version = self.refresh() + 1
                 commit = build(version)
                 done = self.outcome(commit.commit_id)
@@ -290,6 +295,8 @@ class Log:
                         pass  # another writer took this version; ours may have landed earlier
                     except StorageError as e:
                         if not self._landed(name, commit.commit_id, e):
+                            storage_errors += 1
+                            last_error = e
                             continue
                     self.refresh()
                 finally:
@@ -298,9 +305,15 @@ class Log:
                 if done is not None:
                     self._maybe_checkpoint()
                     return done
+            if last_error is not None and storage_errors == self.config.commit_retries:
+                raise StorageError(f"every commit attempt failed: {last_error}") from last_error
             raise CommitConflictError(
                 f"{self.config.commit_retries} attempts lost the race for the next commit version"
             )
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` (an event wait, so no module reads the clock to sleep)."""
+        threading.Event().wait(seconds)
 
     def _landed(self, name: str, commit_id: str, cause: StorageError) -> bool:
         """After a failed put-if-absent: whether our commit is there (re-read until known)."""

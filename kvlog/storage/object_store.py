@@ -243,6 +243,8 @@ def _resolve_settings(uri: str, options: Mapping[str, Any], env: Mapping[str, st
     )
     stream_timeout = _parse_duration("stream_timeout", options.get("stream_timeout", "1h"))
     retries = options.get("retries", 5)
+    if isinstance(retries, str) and retries.isdigit():  # options from Spark (.option) are strings
+        retries = int(retries)
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         raise ConfigError(f"storage option retries={retries!r} must be an integer >= 0")
     retry_timeout = _parse_duration("retry_timeout", options.get("retry_timeout", "2m"))

@@ -177,18 +177,17 @@ def run_faulty(template: Template, path: Path, plan: FaultPlan) -> tuple[BaseExc
     return outcome, faulty
 
 
-def step_ids(events: list[Event]) -> list[str]:
-    return [f"{e.index}-{e.op}-{e.name.split('/')[0]}" for e in events]
-
-
 # -- the cases ------------------------------------------------------------------------------------
 
 def test_the_probe_sees_two_streams_per_input_and_one_commit(template: Template) -> None:
     opened = [e for e in template.events if e.op == "open_stream"]
     inputs = {e.name for e in opened}
-    assert len(inputs) == 4 and len(opened) == 8
-    assert [e.name for e in template.events if e.op == "put_if_absent"][:1] != []
-    assert sum(1 for e in template.events if e.op == "put_if_absent" and e.name.startswith("log/")) == 1
+    assert len(inputs) == 4 and len(opened) == 8  # stream A and stream B of each input
+    commits = [e for e in template.events if e.op == "put_if_absent"]
+    assert len(commits) == 1 and commits[0].name.startswith("log/")
+    outputs = [e for e in template.events if e.op == "put"]
+    assert len(outputs) == 1 and outputs[0].name.startswith("data/2/")
+    assert outputs[0].index < commits[0].index  # data first, then the commit
 
 
 @pytest.mark.parametrize("when", ["before", "after"])

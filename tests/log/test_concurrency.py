@@ -132,7 +132,7 @@ def test_eight_writer_threads_with_their_own_handles(
         try:
             producer = logs[i].producer()  # a new producer id per writer
             sequences = [0] * PARTS
-            barrier.wait()
+            barrier.wait(timeout=120)
             for n in range(APPENDS):
                 p = (i + n) % PARTS
                 records = [(f"w{i}-{n}-{j}".encode(), f"value {i} {n} {j}".encode()) for j in range(1 + n % 3)]
@@ -166,8 +166,9 @@ def test_eight_writer_threads_with_their_own_handles(
 
     verifier = open_log(storage_factory(), cache_dir=tmp_path / "verifier", config=config)
     try:
-        # Exactly one commit per acknowledged append landed (plus none from idle handles).
-        assert commits == len(acked) == verifier.version
+        # Exactly one commit per acknowledged append landed (new producers register nothing).
+        assert verifier.version == len(acked)
+        assert commits <= len(acked)  # (a create retried inside the S3 client may count as lost)
         records = {p: list(verifier.read(p)) for p in range(PARTS)}
         for p in range(PARTS):
             assert [r.offset for r in records[p]] == list(range(len(records[p])))

@@ -1,0 +1,58 @@
+"""``kvlog spark ...`` and ``kvlog demo`` with Spark, run as real commands in subprocesses.
+
+Each command starts its own JVM (30-60 s on a loaded 2-core machine), hence
+the generous timeouts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import kvlog
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+KVLOG = str(Path(sys.executable).with_name("kvlog"))
+TIMEOUT_S = 600
+
+
+def run_command(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               SPARK_LOCAL_IP="127.0.0.1")
+    return subprocess.run([KVLOG, *args], capture_output=True, text=True, timeout=TIMEOUT_S, cwd=cwd,
+                          env=env, check=False)
+
+
+def test_spark_materialize_command(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    model: dict[bytes, bytes] = {}
+    with kvlog.open(str(path), partitions=4, background_compaction=False) as store:
+        for i in range(3000):
+            key, value = b"k%04d" % (i % 700), b"v%d" % i
+            if i % 9 == 0:
+                store.delete(key)
+                model.pop(key, None)
+            else:
+                store.put(key, value)
+                model[key] = value
+    out = tmp_path / "latest"
+    done = run_command("spark", "materialize", str(path), str(out), "--master", "local[2]", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["rows"] == len(model)
+    table = pq.read_table(out, columns=["key", "value"])
+    assert dict(zip(*(c.to_pylist() for c in table.columns), strict=True)) == model
+
+
+def test_demo_with_spark(tmp_path: Path) -> None:
+    done = run_command("demo", "--records", "20000", "--path", str(tmp_path / "demo"), cwd=tmp_path)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    assert "all checks passed" in done.stdout
+    assert "Spark materialization" in done.stdout
