@@ -424,17 +424,26 @@ def bench_map(sizes: Sizes) -> list[dict[str, Any]]:
     alloc_s = perf_counter() - t0
     fp_s = ins_s = 0.0
     start = 0
+    by_load: dict[int, list[float]] = {}  # tenth of the table's slots filled -> [keys, seconds]
     for keys in chunks:
         t0 = perf_counter()
         hi, lo = fingerprints(keys, seed)
         t1 = perf_counter()
+        tenth = min(9, omap.size * 10 // omap.slots)
         mapped = omap.insert(hi, lo, np.arange(start, start + len(keys), dtype=np.int64))
-        ins_s += perf_counter() - t1
+        t2 = perf_counter()
+        ins_s += t2 - t1
         fp_s += t1 - t0
+        acc = by_load.setdefault(tenth, [0.0, 0.0])
+        acc[0] += len(keys)
+        acc[1] += t2 - t1
         if mapped != len(keys):
             raise AssertionError(f"the map filled after {start + mapped:,} of {n:,} keys")
         start += len(keys)
     total_s = alloc_s + fp_s + ins_s
+    insert_by_load = [{"slots_filled_from": t / 10, "keys": int(k), "insert_s": sec,
+                       "insert_us_per_key": sec / k * 1e6 if k else None}
+                      for t, (k, sec) in sorted(by_load.items())]
     size_after = omap.size
     # Correctness: every key of a sample maps to its own offset.
     picks = np.random.default_rng(sizes.seed + 1).integers(0, n, size=min(n, 65_536), dtype=np.uint64)
@@ -504,10 +513,13 @@ def bench_map(sizes: Sizes) -> list[dict[str, Any]]:
             f"Keys made beforehand in chunks of {chunk:,} (list[bytes], an Arrow batch's worth) and "
             f"kept for every run. kvlog: OffsetMap(offset_map_bytes) + clear(), then per chunk "
             f"fingerprints(keys, seed) and OffsetMap.insert(hi, lo, offsets), timed apart and summed "
-            f"(alloc_s, fingerprint_s, insert_s). Anchor: dict.update(zip(chunk, offsets)) per chunk "
+            f"(alloc_s, fingerprint_s, insert_s; insert_by_load splits the insert time by the "
+            f"fraction of the table's slots filled when each chunk went in). Anchor: "
+            f"dict.update(zip(chunk, offsets)) per chunk "
             f"into one dict (a map that keeps the keys). One run each; lower is better."),
         _measure("kvlog", "OffsetMap fingerprint + insert", "s", [total_s], alloc_s=alloc_s,
-                 fingerprint_s=fp_s, insert_s=ins_s, keys_per_s=n / total_s if total_s else None),
+                 fingerprint_s=fp_s, insert_s=ins_s, keys_per_s=n / total_s if total_s else None,
+                 insert_by_load=insert_by_load),
         [_measure("dict", "Python dict key -> offset", "s", [dict_s],
                   keys_per_s=n / dict_s if dict_s else None)],
         higher_is_better=False, seconds=seconds, key_generation_s=gen_s, **common,

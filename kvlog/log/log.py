@@ -446,7 +446,9 @@ class Log:
         if state is not None and not state.expired(now, self.config.producer_id_expiration_ms):
             current = state.epoch
         if epoch is None:
-            new_epoch = 0 if current is None else current + 1
+            # Bump past the newest epoch still remembered, even an expired one, so an old holder
+            # that wakes up can never fence the new one.
+            new_epoch = 0 if state is None else state.epoch + 1
         elif current is not None and epoch < current:
             raise ProducerFencedError(f"producer {producer_id} epoch {epoch} is older than {current}")
         else:

@@ -539,9 +539,13 @@ def test_expiry_follows_the_injected_clock(tmp_path: Path, make_log: Any, clock:
     # An expired producer resumes at whatever epoch it asks for (it was forgotten) ...
     clock.advance(EXP + 1)
     assert the_log.producer(PID, epoch=7).epoch == 7
-    # ... and a fresh epoch bump after expiry starts over at 0.
+    # ... and a fresh epoch bump after expiry still goes past the newest remembered epoch, so the
+    # old holder (epoch 7) is fenced rather than able to fence the new one.
     clock.advance(EXP + 1)
-    assert the_log.producer(PID).epoch == 0
+    bumped = the_log.producer(PID)
+    assert bumped.epoch == 8
+    with pytest.raises(ProducerFencedError):
+        the_log.producer(PID, epoch=7)
 
 
 @pytest.mark.parametrize("reopen", ["same_cache", "fresh_cache", "fresh_cache_from_checkpoint"])
@@ -654,8 +658,9 @@ class LogProducerMachine(RuleBasedStateMachine):
     @rule()
     def bump_epoch(self) -> None:
         now = self.clock.now_ms()
-        current = self.model.epoch_of(PID, now)
-        expected = 0 if current is None else current + 1
+        # A bump goes past the newest epoch the log remembers, even of an expired producer.
+        remembered = self.model.producers.get(PID)
+        expected = 0 if remembered is None else remembered.epoch + 1
         new = self.log.producer(PID)
         assert new.epoch == expected
         assert self.model.register(PID, expected, now) == ACCEPT
