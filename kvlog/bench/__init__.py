@@ -53,8 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="small sizes (50k records, memory at 20k vs 200k keys), about a minute")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"results JSON (default: {DEFAULT_OUT})")
     parser.add_argument("--only", action="append",
-                        help="run only benchmarks whose id starts with this (repeatable): log, store, "
-                             "store.gets…")
+                        help="run only the steps whose id starts with this (repeatable): log, "
+                             "log.append, log.durable_local, log.s3, store, store.puts, store.gets, "
+                             "store.scan, store.durable_threads, store.memory")
     parser.add_argument("--work-dir", help="where the temporary stores go (default: the system temp)")
     parser.add_argument("--records", type=int, help="override the number of records")
     parser.add_argument("--repeats", type=int, help="override the number of runs per figure")

@@ -989,7 +989,10 @@ def run_suite(
     """
     began = perf_counter()
     started = datetime.fromtimestamp(SystemClock().now_ms() / 1000, UTC)
-    steps = [st for st in STEPS if not only or any(st[0].startswith(o) for o in only)]
+    chosen = {st[0] for st in STEPS if not only or any(st[0].startswith(o) for o in only)}
+    if chosen & {"store.gets", "store.scan"}:
+        chosen.add("store.puts")  # they read the store the puts benchmark leaves
+    steps = [st for st in STEPS if st[0] in chosen]
     s3_missing = _seaweed_available() if settings.seaweedfs else "disabled by settings"
     entries: list[dict[str, Any]] = []
     with _work_dir(work_dir, keep) as work, Progress(len(steps), progress) as bar:

@@ -2,7 +2,9 @@
 
 LMDB forbids opening the same environment twice in one process, so handles
 are shared through a registry and reference-counted. ``MapFullError`` doubles
-the map and retries the transaction function; ``MapResizedError`` (another
+the map and retries the transaction function; ``writemap`` makes write
+transactions modify the memory map directly, so dirty pages are page cache,
+never heap that grows with the size of a transaction (a sparse file on disk); ``MapResizedError`` (another
 process grew it) adopts the new size. Stale reader slots of dead processes are
 cleared on open.
 """
@@ -39,7 +41,7 @@ class LmdbEnv:
             path.mkdir(parents=True, exist_ok=True)
             self.env = lmdb.open(
                 str(path), map_size=map_size, max_dbs=len(DB_NAMES) + 2, max_readers=1024,
-                metasync=False, readahead=False, subdir=True,
+                metasync=False, readahead=False, subdir=True, writemap=True,
             )
             self.env.reader_check()
             self.dbs = {name: self.env.open_db(name.encode()) for name in DB_NAMES}
@@ -89,7 +91,7 @@ class LmdbEnv:
     def disk_bytes(self) -> int:
         """Bytes the environment's data file uses on disk."""
         try:
-            return os.stat(self.path / "data.mdb").st_size
+            return os.stat(self.path / "data.mdb").st_blocks * 512  # the file is sparse (writemap)
         except OSError:
             return 0
 
