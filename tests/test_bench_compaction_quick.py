@@ -87,3 +87,23 @@ def test_quick_compaction_benchmarks(tmp_path: Path, seaweedfs: Any) -> None:
     table = format_table(on_disk)
     for bench_id in EXPECTED:
         assert bench_id in table
+
+
+def test_output_batches_stay_within_the_limit(tmp_path: Path) -> None:
+    """One input batch larger than OUTPUT_BATCH_RECORDS comes out split (it used to come out whole)."""
+    import numpy as np
+
+    import kvlog
+    from kvlog.bench.compaction import ascending_key_order, bulk_load
+    from kvlog.compaction.merger import OUTPUT_BATCH_RECORDS
+
+    n = OUTPUT_BATCH_RECORDS * 2 + 1000
+    with kvlog.open(tmp_path / "s", partitions=1, background_compaction=False, flush_interval_ms=0,
+                    offset_map_bytes=4 * 2**20) as store:
+        bulk_load(store, ascending_key_order(n), n, seed=0, value_bytes=8,
+                  partition_of=np.zeros(n, dtype=np.int64))
+        report = store.compact(force=True)
+        counts = store.log.snapshot(lambda r: [int(b["n"]) for b in r.iter_batches(0, 0)])
+    assert report.records_written == n and not report.partial
+    assert sum(counts) == n
+    assert max(counts) <= OUTPUT_BATCH_RECORDS

@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", action="append",
                         help="run only the steps whose id starts with this (repeatable): log, "
                              "log.append, log.durable_local, log.s3, store, store.puts, store.gets, "
-                             "store.scan, store.durable_threads, store.memory")
+                             "store.scan, store.durable_threads, store.memory, compaction, spark")
     parser.add_argument("--work-dir", help="where the temporary stores go (default: the system temp)")
     parser.add_argument("--records", type=int, help="override the number of records")
     parser.add_argument("--repeats", type=int, help="override the number of runs per figure")
@@ -90,9 +90,27 @@ def main_from_args(args: argparse.Namespace) -> int:
     if args.settings:
         overrides["store_settings"] = json.loads(args.settings)
     settings = settings_for("quick" if args.quick else "full", **overrides)
-    document = run(settings, args.out, plots=not args.no_plot, work_dir=args.work_dir,
-                   only=args.only)
-    return 1 if any(e["status"] == "error" for e in document["benchmarks"]) else 0
+    only = args.only or []
+    extra = ("compaction", "spark")
+    failed = False
+    if not only or any(not o.startswith(extra) for o in only):
+        document = run(settings, args.out, plots=not args.no_plot, work_dir=args.work_dir,
+                       only=[o for o in only if not o.startswith(extra)] or None)
+        failed = any(e["status"] == "error" for e in document["benchmarks"])
+    out_dir = Path(args.out).parent
+    if not only or any(o.startswith("compaction") for o in only):
+        from kvlog.bench.compaction import run_compaction_benchmarks
+
+        run_compaction_benchmarks(args.quick, out_dir, work_dir=args.work_dir)
+    if not only or any(o.startswith("spark") for o in only):
+        try:
+            # Spark benchmarks live with the Spark extension: kvlog never imports pyspark itself.
+            from spark_ext.bench import run_spark_benchmarks  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as e:
+            print(f"Spark benchmarks skipped: {e} (pip install 'kvlog[spark]')")
+        else:
+            run_spark_benchmarks(args.quick, out_dir, work_dir=args.work_dir)
+    return 1 if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

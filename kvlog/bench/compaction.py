@@ -394,6 +394,10 @@ def _compact_against_floor(store_dir: Path, settings: dict[str, Any], repeats: i
     with kvlog.open(store_dir, read_only=True) as ro:
         outputs = [store_dir / f["path"] for f in _live_files(ro)]
         stats = ro.stats()
+        sizes = ro.log.snapshot(lambda r: [int(b["n"]) for p in range(ro.log.partitions)
+                                           for b in r.iter_batches(p, 0)])
+    child["output_batches"] = len(sizes)
+    child["output_batch_max_records"] = max(sizes, default=0)
     survivors = []
     for p in outputs:
         with pa.OSFile(str(p), "rb") as source:
@@ -599,7 +603,9 @@ def bench_one_round(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
             "twice with pyarrow ipc.open_file + read_all, write the survivors once with "
             "ipc.new_file, same compression, then fsync), one run."),
         _measure("kvlog", "Store.compact(force=True)", "s", [compact_s],
-                 records_per_s=n / compact_s if compact_s else None, report=report),
+                 records_per_s=n / compact_s if compact_s else None, report=report,
+                 output_batches=child["output_batches"],
+                 output_batch_max_records=child["output_batch_max_records"]),
         [_measure("io_floor", "pyarrow: read inputs twice, write survivors once", "s",
                   floor["runs_s"], detail=floor)],
         higher_is_better=False, seconds=perf_counter() - began,
@@ -660,7 +666,9 @@ def bench_vs_floor(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
             f"compaction seconds / floor seconds; goal <= {FLOOR_GOAL_RATIO}."),
         _measure("kvlog", "Store.compact(force=True)", "s", [compact_s],
                  records_per_s=sizes.records / compact_s if compact_s else None, report=report,
-                 peak_rss_growth_mib=growth_mib, baseline_rss_mib=child["baseline_kib"] / 1024),
+                 peak_rss_growth_mib=growth_mib, baseline_rss_mib=child["baseline_kib"] / 1024,
+                 output_batches=child["output_batches"],
+                 output_batch_max_records=child["output_batch_max_records"]),
         [_measure("io_floor", "pyarrow: read inputs twice, write survivors once", "s", floor["runs_s"],
                   detail=floor)],
         higher_is_better=False, seconds=perf_counter() - began,

@@ -57,7 +57,6 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from kvlog.bench.compaction import _loadavg, _measure, _partition_table, bulk_load, io_floor
-from kvlog.bench.data import median
 from kvlog.bench.machine import machine_info
 from kvlog.clock import SystemClock
 
@@ -479,16 +478,17 @@ def run_spark_benchmarks(
     info["loadavg_start"] = _loadavg()
     own = spark is None
     entries: list[dict[str, Any]] = []
+    session: Any = None
     try:
         t0 = perf_counter()
-        session = _session(chosen) if own else spark
+        session = _session(chosen) if spark is None else spark
         info["session_start_s"] = perf_counter() - t0 if own else None
         info["spark"] = {"version": session.version, "master": session.sparkContext.master,
                          "shuffle_partitions": session.conf.get("spark.sql.shuffle.partitions"),
                          "driver_memory": session.conf.get("spark.driver.memory", "1g"),
                          "own_session": own}
         info["warm_up_s"] = _warm_up(session, work)
-        steps = [
+        steps: list[tuple[str, str, Callable[[], list[dict[str, Any]]]]] = [
             ("spark.compact", "(a) exact compaction", lambda: bench_compact(session, chosen, work)),
             ("spark.materialize", "(b) materialize + (c) read rate",
              lambda: bench_materialize_and_read(session, chosen, work)),
@@ -505,7 +505,7 @@ def run_spark_benchmarks(
             say(f"{title}: {perf_counter() - t1:.1f} s")
             gc.collect()
     finally:
-        if own and "session" in locals():
+        if own and session is not None:
             session.stop()
         shutil.rmtree(work, ignore_errors=True)
     info["loadavg_end"] = _loadavg()

@@ -133,6 +133,11 @@ class OutputWriter:
         A batch's horizon applies to all its tombstones, so tombstones of different
         horizons (or none) never share a batch.
         """
+        room = OUTPUT_BATCH_RECORDS - len(self._keys)
+        if len(keys) > room > 0:  # no output batch holds more than OUTPUT_BATCH_RECORDS records
+            self.add(partition, keys[:room], values[:room], stamps[:room], offsets[:room], horizon)
+            self.add(partition, keys[room:], values[room:], stamps[room:], offsets[room:], horizon)
+            return
         has_tombstone = any(v is None for v in values)
         if partition != self._partition or (
             has_tombstone and self._has_tombstone and horizon != self._horizon

@@ -44,7 +44,7 @@ def test_views_append_compact_and_materialize_on_seaweedfs(
     latest = reader().option("view", "latest").load(uri).collect()
     assert {bytes(r["key"]): bytes(r["value"]) for r in latest} == model
 
-    writer = spark.createDataFrame([("s3-%d" % i, None if i % 5 == 0 else "w%d" % i) for i in range(40)],
+    writer = spark.createDataFrame([(f"s3-{i}", None if i % 5 == 0 else f"w{i}") for i in range(40)],
                                    "key string, value string").write.format("kvlog").mode("append")
     for name, value in options.items():
         writer = writer.option(f"storage.{name}", str(value))

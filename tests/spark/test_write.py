@@ -40,11 +40,11 @@ def test_append_binary_and_string_columns_with_deletes(spark: Any, kv: Any, tmp_
         assert {k: store.get(k) for k in model} == model
         assert all(store.get(k) is None for k, v in rows if v is None)
         # String columns are stored as UTF-8.
-        text = spark.createDataFrame([("naïve-%d" % i, "välue-%d" % i) for i in range(20)] + [("key-00001", None)],
+        text = spark.createDataFrame([(f"naïve-{i}", f"välue-{i}") for i in range(20)] + [("key-00001", None)],
                                      "key string, value string")
         _write(text, path)
         for i in range(20):
-            model[("naïve-%d" % i).encode()] = ("välue-%d" % i).encode()
+            model[f"naïve-{i}".encode()] = f"välue-{i}".encode()
         model.pop(b"key-00001", None)
         assert store.get("naïve-7") == "välue-7".encode()
         assert store.get("key-00001") is None
