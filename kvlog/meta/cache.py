@@ -365,25 +365,18 @@ class MetaTxn(MetaReader):
         self, partition: int, latest: dict[bytes, tuple[int, bytes | None]], inline_limit: int
     ) -> None:
         """Point many keys of ``partition`` at ``(offset, value)``; a None value deletes the key."""
-        head = _INDEX_HEAD.pack
-        puts: list[tuple[bytes, bytes]] = []
         db = self._db["index"]
+        puts = []
         for key, (offset, value) in latest.items():
             if value is None:
                 self.txn.delete(encode_index_key(key), db=db)
-            elif len(key) > DIRECT_KEY_BYTES:
-                self.index_put(key, partition, offset, value if len(value) <= inline_limit else None)
-            elif len(value) <= inline_limit:
-                puts.append((key, head(partition, offset, _INLINE) + value))
             else:
-                puts.append((key, head(partition, offset, 0)))
-        if puts:
-            puts.sort()
-            with self.txn.cursor(db=db) as cur:
-                cur.putmulti(puts)
+                puts.append((key, partition, offset, value))
+        puts.sort()
+        self.index_put_many(puts, inline_limit)
 
     def index_put_many(self, items: list[tuple[bytes, int, int, bytes]], inline_limit: int) -> None:
-        """Bulk-load ``(key, partition, offset, value)`` entries (a rebuilt index)."""
+        """Write ``(key, partition, offset, value)`` entries; values up to ``inline_limit`` inline."""
         head = _INDEX_HEAD.pack
         puts = []
         for key, partition, offset, value in items:

@@ -35,14 +35,16 @@ def test_append_binary_and_string_columns_with_deletes(spark: Any, kv: Any, tmp_
                 model.pop(key, None)
             else:
                 model[key] = value
-        # The open store sees the append (its own key index took the commit).
-        assert store.log.refresh() == version + 1, "the write was not one commit"
+        # The open store sees the append once it refreshes (it does so every refresh_interval_ms
+        # by itself); its own key index took the commit.
+        assert store.refresh() == version + 1, "the write was not one commit"
         assert {k: store.get(k) for k in model} == model
         assert all(store.get(k) is None for k, v in rows if v is None)
         # String columns are stored as UTF-8.
         text = spark.createDataFrame([(f"naïve-{i}", f"välue-{i}") for i in range(20)] + [("key-00001", None)],
                                      "key string, value string")
         _write(text, path)
+        store.refresh()
         for i in range(20):
             model[f"naïve-{i}".encode()] = f"välue-{i}".encode()
         model.pop(b"key-00001", None)
