@@ -40,6 +40,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from kvlog.clock import SystemClock
 from kvlog.errors import ConfigError, InvalidRecordError, KvlogError
 from kvlog.format.bitmap import decode_offsets
 from kvlog.format.commit import BatchEntry, Commit, file_from_json, file_to_json
@@ -236,7 +237,7 @@ class _Writer(DataSourceArrowWriter):  # type: ignore[misc]
         keys: dict[int, list[bytes]] = {}
         values: dict[int, list[bytes | None]] = {}
         stamps: dict[int, list[int]] = {}
-        now = 0
+        now = SystemClock().now_ms()  # records without a timestamp column are stamped now, as put() does
         for batch in iterator:
             key_col = batch.column("key")
             if key_col.null_count:

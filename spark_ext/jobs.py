@@ -72,9 +72,13 @@ def compact(spark: Any, uri: str, *, storage_options: dict[str, Any] | None = No
         input_batches = [b for items in batches.values() for b in items if b["f"] in inputs]
         log_df = _reader(spark, uri, storage_options, internal="true", cache_dir=cache_dir or "")
         # Exact dedup over each cleaned partition's dirty range: the latest offset of every real key.
-        ranges = spark.createDataFrame([(p, lo, hi) for p, (lo, hi) in clean.items()] or [(-1, 0, 0)],
-                                       "partition int, first_dirty bigint, first_uncleanable bigint")
-        records = log_df.join(F.broadcast(ranges), "partition", "left")
+        # Only the plan's inputs: the reader plans at the newest version, and records appended since
+        # (offsets past the inputs' last one) would make the outputs overlap their live batches.
+        bounds = {p: max(int(b["last"]) for b in items) + 1 for p, items in batches.items() if items}
+        ranges = spark.createDataFrame(
+            [(p, *clean.get(p, (None, None)), end) for p, end in bounds.items()] or [(-1, 0, 0, 0)],
+            "partition int, first_dirty bigint, first_uncleanable bigint, input_end bigint")
+        records = log_df.join(F.broadcast(ranges), "partition").where(F.col("offset") < F.col("input_end"))
         dirty = records.where((F.col("offset") >= F.col("first_dirty")) & (F.col("offset") < F.col("first_uncleanable")))
         latest = dirty.groupBy("partition", "key").agg(F.max("offset").alias("latest"))
         joined = records.join(latest, ["partition", "key"], "left")

@@ -128,6 +128,37 @@ def test_local_and_spark_compaction_leave_the_same_survivors(spark: Any, kv: Any
     assert local_report.tombstones_removed > 0
 
 
+def test_an_append_while_the_job_runs_is_not_an_input(spark: Any, kv: Any, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Appends after planning are not the job's inputs: they stay live, and the replace commits."""
+    path = str(tmp_path / "store")
+    store = kv.open_store(path)
+    try:
+        model = kv.fill(store, ops=1000, keys=100, seed=45)
+        ends: dict[int, int] = {}
+
+        class AppendingCompactor(Compactor):
+            def plan(self, now_ms: int, *, force: bool = False) -> Any:
+                planned = super().plan(now_ms, force=force)
+                ends.update({p: store.log.end_offset(p) for p in range(store.log.partitions)})
+                kv.fill(store, ops=200, keys=150, seed=46, model=model)  # lands before Spark reads
+                return planned
+
+        monkeypatch.setattr(spark_ext.jobs, "Compactor", AppendingCompactor)
+        report = spark_ext.compact(spark, path, force=True)
+        assert not report.refused and report.rounds == 1 and report.records_removed > 0
+        store.refresh()
+        assert dict(store.scan()) == model
+        rows = kv.log_rows(store)
+        # Below the planned ends: compacted, one record per key; above: the 200 appends, untouched.
+        assert len([r for r in rows if r[1] >= ends[r[0]]]) == 200
+        below = Counter((r[0], r[3]) for r in rows if r[1] < ends[r[0]])
+        assert max(below.values()) == 1
+        assert store.check() == []
+    finally:
+        store.close()
+
+
 def test_a_replace_whose_inputs_changed_is_refused(spark: Any, kv: Any, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A local compaction lands between the Spark job's planning and its commit."""

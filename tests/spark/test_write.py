@@ -6,6 +6,7 @@ file live in one commit; bad input fails the whole write and commits nothing.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,10 @@ def test_append_binary_and_string_columns_with_deletes(spark: Any, kv: Any, tmp_
         # Binary keys and values; a null value deletes. Two input partitions -> two tasks.
         rows = [(b"key-%05d" % i, None if i % 4 == 0 else b"bin-%d" % i) for i in range(0, 80, 2)]
         df = spark.createDataFrame(rows, "key binary, value binary").repartition(2)
+        ends = {p: store.log.end_offset(p) for p in range(store.log.partitions)}
+        started_ms = time.time_ns() // 1_000_000
         _write(df, path)
+        finished_ms = time.time_ns() // 1_000_000
         for key, value in rows:
             if value is None:
                 model.pop(key, None)
@@ -40,6 +44,10 @@ def test_append_binary_and_string_columns_with_deletes(spark: Any, kv: Any, tmp_
         assert store.refresh() == version + 1, "the write was not one commit"
         assert {k: store.get(k) for k in model} == model
         assert all(store.get(k) is None for k, v in rows if v is None)
+        # Records are stamped with the time they were written, as a put stamps them.
+        appended = [r for r in store.changes() if r.offset >= ends[r.partition]]
+        assert sorted((r.key, r.value) for r in appended) == sorted(rows)
+        assert all(started_ms <= r.timestamp_ms <= finished_ms for r in appended)
         # String columns are stored as UTF-8.
         text = spark.createDataFrame([(f"naïve-{i}", f"välue-{i}") for i in range(20)] + [("key-00001", None)],
                                      "key string, value string")
