@@ -188,7 +188,9 @@ class _Reader(DataSourceReader):  # type: ignore[misc]
     def _read_latest(self, storage: Any, batches: list[dict[str, Any]]) -> Iterator[pa.RecordBatch]:
         """Newest first: the first record seen of each key is its latest; tombstones hide the key."""
         seen: set[bytes] = set()
-        for b, rb in reversed(list(read_batches(storage, batches, whole_file=False))):
+        # One ranged read per batch, newest first and lazily: a task holds one batch at a time
+        # (and the keys seen), never its whole partition.
+        for b, rb in read_batches(storage, batches[::-1], whole_file=False):
             keys = rb.column(0).to_pylist()
             values = rb.column(1)
             offsets = _offsets(b)

@@ -15,10 +15,9 @@ many data files, with a plain dict as the model.
 from __future__ import annotations
 
 import random
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -54,9 +53,13 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def kv() -> ModuleType:
-    """This module, for its helpers (conftest modules are not importable by name): ``kv.fill(...)``."""
-    return sys.modules[__name__]
+def kv() -> SimpleNamespace:
+    """This module's helpers (conftest modules are not importable by name): ``kv.fill(...)``.
+
+    Built from this module's own globals: ``sys.modules["conftest"]`` may be another
+    directory's conftest when the whole suite runs.
+    """
+    return SimpleNamespace(**{name: value for name, value in globals().items() if not name.startswith("__")})
 
 
 def open_store(path: Path | str, **settings: Any) -> kvlog.Store:
