@@ -103,13 +103,10 @@ def main_from_args(args: argparse.Namespace) -> int:
 
         run_compaction_benchmarks(args.quick, out_dir, work_dir=args.work_dir)
     if not only or any(o.startswith("spark") for o in only):
-        try:
-            # Spark benchmarks live with the Spark extension: kvlog never imports pyspark itself.
-            from spark_ext.bench import run_spark_benchmarks  # type: ignore[import-not-found,unused-ignore]
-        except ImportError as e:
-            print(f"Spark benchmarks skipped: {e} (pip install 'kvlog[spark]')")
-        else:
-            run_spark_benchmarks(args.quick, out_dir, work_dir=args.work_dir)
+        # kvlog.bench.spark imports pyspark and spark_ext only when it runs.
+        from kvlog.bench.spark import run_spark_benchmarks
+
+        run_spark_benchmarks(args.quick, out_dir, work_dir=args.work_dir)
     return 1 if failed else 0
 
 
