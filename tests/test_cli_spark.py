@@ -21,11 +21,14 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 KVLOG = str(Path(sys.executable).with_name("kvlog"))
 TIMEOUT_S = 600
+#: C1 only and the serial collector: the command's short-lived JVM starts and runs about 30 % faster.
+FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def run_command(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    # XDG_CACHE_HOME: the driver's private metadata caches go with the temporary stores.
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               SPARK_LOCAL_IP="127.0.0.1")
+               SPARK_LOCAL_IP="127.0.0.1", JDK_JAVA_OPTIONS=FAST_JVM, XDG_CACHE_HOME=str(cwd / "xdg-cache"))
     return subprocess.run([KVLOG, *args], capture_output=True, text=True, timeout=TIMEOUT_S, cwd=cwd,
                           env=env, check=False)
 

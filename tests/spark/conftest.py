@@ -14,6 +14,7 @@ many data files, with a plain dict as the model.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,10 @@ MANUAL: dict[str, Any] = {
 }
 
 SPARK_MASTER = "local[2,2]"
+#: JVM options for the tests' short-lived JVMs: the C1 compiler only and the serial collector
+#: start and run small jobs about 30 % faster on a busy 2-core machine (measured on
+#: ``kvlog spark materialize``: 22-26 s instead of 33-37 s).
+FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 SPARK_CONF = {
     "spark.sql.shuffle.partitions": "4",
     "spark.default.parallelism": "2",
@@ -40,12 +45,38 @@ SPARK_CONF = {
 }
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_caches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``$XDG_CACHE_HOME`` in a temporary directory while the Spark tests run.
+
+    The Spark driver keeps a private metadata cache per store under
+    ``$XDG_CACHE_HOME/kvlog/spark``; the tests' stores are temporary, so are their caches.
+    Set before the session's JVM starts, so its Python workers inherit it too.
+    """
+    saved = os.environ.get("XDG_CACHE_HOME")
+    path = tmp_path_factory.mktemp("xdg-cache")
+    os.environ["XDG_CACHE_HOME"] = str(path)
+    yield path
+    if saved is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
+
+
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(private_caches: Path) -> Iterator[Any]:
     """The one SparkSession of the Spark tests (stopped at the end of the session)."""
     import spark_ext
 
-    session = spark_ext.get_session(SPARK_MASTER, app_name="kvlog-tests", **SPARK_CONF)
+    saved = os.environ.get("JDK_JAVA_OPTIONS")
+    os.environ["JDK_JAVA_OPTIONS"] = FAST_JVM  # read once, by the JVM the session starts
+    try:
+        session = spark_ext.get_session(SPARK_MASTER, app_name="kvlog-tests", **SPARK_CONF)
+    finally:
+        if saved is None:
+            del os.environ["JDK_JAVA_OPTIONS"]
+        else:
+            os.environ["JDK_JAVA_OPTIONS"] = saved
     session.sparkContext.setLogLevel("ERROR")
     spark_ext.register(session)
     yield session

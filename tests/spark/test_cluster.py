@@ -32,6 +32,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 KVLOG = str(Path(sys.executable).with_name("kvlog"))
 START_TIMEOUT_S = 120
 COMMAND_TIMEOUT_S = 300
+#: For every JVM here (daemons, drivers, executors): C1 only and the serial collector start and
+#: run small jobs about 30 % faster on a busy 2-core machine.
+FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def _free_port() -> int:
@@ -48,7 +51,7 @@ def _spark_home() -> Path:
 
 def _env(home: Path) -> dict[str, str]:
     return dict(os.environ, SPARK_HOME=str(home), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
-                PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_DAEMON_MEMORY="512m")
+                PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_DAEMON_MEMORY="512m", JDK_JAVA_OPTIONS=FAST_JVM)
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
