@@ -34,8 +34,11 @@ class SystemClock:
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
 
-    def monotonic_s(self) -> float:
-        return time.monotonic()
+    #: Nanoseconds since the Unix epoch (optional in a :class:`Clock`; the write path's stamps).
+    now_ns = staticmethod(time.time_ns)
+
+    #: Seconds on a clock that never goes back (the C function itself: called on every get).
+    monotonic_s = staticmethod(time.monotonic)
 
     def __repr__(self) -> str:
         return "SystemClock()"
@@ -51,6 +54,10 @@ class ManualClock:
     def now_ms(self) -> int:
         with self._lock:
             return self._now
+
+    def now_ns(self) -> int:
+        """The current time in nanoseconds (whole milliseconds)."""
+        return self.now_ms() * 1_000_000
 
     def monotonic_s(self) -> float:
         with self._lock:

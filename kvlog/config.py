@@ -58,9 +58,9 @@ class StoreConfig:
     """Producers idle this long are forgotten (their duplicate window with them)."""
     flush_interval_ms: int = 200
     """Unflushed writes older than this are flushed by the background flusher."""
-    flush_bytes: int = 4 * MiB
+    flush_bytes: int = 16 * MiB
     """A flush starts when this many bytes are buffered."""
-    max_unflushed_bytes: int = 64 * MiB
+    max_unflushed_bytes: int = 32 * MiB
     """Writers block (backpressure) while this many bytes wait for a flush."""
     cache_bytes: int = 32 * MiB
     """Bound of the in-memory read cache of decoded batches."""

@@ -24,39 +24,60 @@ class _Tombstone:
 #: The memtable's marker of a delete.
 TOMBSTONE = _Tombstone()
 
-Entry = tuple[int, "bytes | _Tombstone"]
-
-
 class MemTable:
-    """Latest unapplied write per key, tagged with the write generation that made it."""
+    """Latest unapplied write per key (the value itself, or :data:`TOMBSTONE`).
+
+    ``front`` takes new writes; ``frozen`` holds the writes of the flush in flight, until that
+    flush is applied to the index. ``lock`` is shared with the flusher, which updates the
+    memtable and its write buffer under it.
+    """
 
     def __init__(self) -> None:
-        self._items: dict[bytes, Entry] = {}
-        self._lock = threading.Lock()
+        self.front: dict[bytes, bytes | _Tombstone] = {}
+        self.frozen: dict[bytes, bytes | _Tombstone] | None = None
+        self.lock = threading.Lock()
 
-    def put(self, key: bytes, value: bytes | None, generation: int) -> None:
-        with self._lock:
-            self._items[key] = (generation, TOMBSTONE if value is None else value)
+    def put(self, key: bytes, value: bytes | None) -> None:
+        with self.lock:
+            self.front[key] = TOMBSTONE if value is None else value
 
     def get(self, key: bytes) -> bytes | _Tombstone | None:
         """The unapplied value, :data:`TOMBSTONE`, or None when the key has no unapplied write."""
-        entry = self._items.get(key)
-        return None if entry is None else entry[1]
+        value = self.front.get(key)
+        if value is None:
+            frozen = self.frozen
+            if frozen is not None:
+                return frozen.get(key)
+        return value
 
-    def retire(self, keys: list[bytes], up_to_generation: int) -> None:
-        """Forget writes to ``keys`` made at or before ``up_to_generation`` (they are applied now)."""
-        with self._lock:
-            for key in keys:
-                entry = self._items.get(key)
-                if entry is not None and entry[0] <= up_to_generation:
-                    del self._items[key]
+    def freeze(self) -> None:
+        """Move ``front`` to ``frozen`` (call under ``lock``, when a flush takes the buffer)."""
+        if self.frozen is not None:
+            self.frozen.update(self.front)
+        else:
+            self.frozen = self.front  # set before front is replaced: a reader never misses both
+        self.front = {}
+
+    def retire(self) -> None:
+        """Forget the frozen writes: the flush that took them is applied to the index."""
+        self.frozen = None
 
     def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
+        with self.lock:
+            self.front = {}
+            self.frozen = None
 
     def __len__(self) -> int:
-        return len(self._items)
+        frozen = self.frozen
+        if not frozen:
+            return len(self.front)
+        return len(self.front) + sum(1 for k in frozen if k not in self.front)
+
+    def _merged(self) -> dict[bytes, bytes | _Tombstone]:
+        frozen = self.frozen
+        if not frozen:
+            return self.front
+        return {**frozen, **self.front}
 
     def items_in_range(
         self, start: bytes | None, stop: bytes | None, prefix: bytes | None
@@ -67,19 +88,22 @@ class MemTable:
             successor = prefix_successor(prefix)
             if successor is not None and (upper is None or successor < upper):
                 upper = successor
-        with self._lock:
-            chosen = [
-                (k, v) for k, (_g, v) in self._items.items()
-                if (start is None or k >= start) and (upper is None or k < upper)
-                and (not prefix or k.startswith(prefix))
-            ]
+        with self.lock:
+            items = self._merged()
+            if start is None and upper is None and not prefix:
+                chosen = list(items.items())
+            else:
+                chosen = [
+                    (k, v) for k, v in items.items()
+                    if (start is None or k >= start) and (upper is None or k < upper)
+                    and (not prefix or k.startswith(prefix))
+                ]
         chosen.sort(key=lambda kv: kv[0])
         return chosen
 
     def keys(self) -> list[bytes]:
-        with self._lock:
-            return list(self._items)
-
+        with self.lock:
+            return list(self._merged())
 
 def merge_sorted(
     indexed: Iterator[tuple[bytes, object]],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
+from itertools import chain
 from types import TracebackType
 from typing import Any
 
@@ -22,8 +23,16 @@ from kvlog.errors import InvalidRecordError, ReadOnlyError, StoreClosedError
 from kvlog.index import TOMBSTONE, MemTable, merge_sorted
 from kvlog.log.flusher import Flusher
 from kvlog.log.log import Log, open_log
-from kvlog.log.records import Record, partition_for_key, to_key, to_value
-from kvlog.meta import IndexEntry, MetaReader, MetaTxn, index_lookup
+from kvlog.log.records import Record, to_key, to_value
+from kvlog.meta import IndexEntry, MetaReader, MetaTxn
+from kvlog.meta.cache import (
+    INDEX_HEAD_BYTES,
+    INLINE_FLAG,
+    decode_index_value,
+    index_read_handles,
+    index_value_reader,
+)
+from kvlog.meta.keys import DIRECT_KEY_BYTES, encode_index_key
 from kvlog.storage import Storage
 
 __all__ = ["Store", "WriteBatch", "open_store"]
@@ -36,7 +45,7 @@ class WriteBatch:
 
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._records: list[tuple[int, bytes, bytes | None, int]] = []
+        self._records: list[tuple[bytes, bytes | None]] = []
         self._done = False
         self._rejected = False
 
@@ -80,9 +89,16 @@ class Store:
         self._memtable = MemTable()
         self._partitions = log.partitions
         self._max_key = self.config.max_key_bytes
+        self._max_record = self.config.max_record_bytes
+        # Keys the get fast path takes as they are: valid, and their own LMDB key.
+        self._direct_key = min(self._max_key, DIRECT_KEY_BYTES)
+        self._read_index = index_value_reader(log.env)
+        self._begin, self._index_db, self._map_resized = index_read_handles(log.env)
+        self._monotonic_s = self._clock.monotonic_s
+        self._refresh_s = self.config.refresh_interval_ms / 1000.0
         self._closed = False
         self._lock = threading.Lock()
-        self._last_refresh = float('-inf')
+        self._refresh_at = float('-inf')  # monotonic time of the next refresh due
         self._flusher: Flusher | None = None
         self._compactor: Compactor | None = None
         if not log.read_only:
@@ -122,35 +138,43 @@ class Store:
             raise ReadOnlyError("the store is open read-only")
         return self._flusher
 
-    def _record(self, key: Any, value: bytes | None) -> tuple[int, bytes, bytes | None, int]:
+    def _record(self, key: Any, value: bytes | None) -> tuple[bytes, bytes | None]:
         k = to_key(key, self.config.max_key_bytes)
         size = len(k) + (len(value) if value is not None else 0)
         if size > self.config.max_record_bytes:
             raise InvalidRecordError(
                 f"a record of {size} bytes is larger than max_record_bytes={self.config.max_record_bytes}"
             )
-        return partition_for_key(k, self._partitions), k, value, self._clock.now_ms()
+        return k, value
 
-    def _write(self, records: list[tuple[int, bytes, bytes | None, int]], *, sync: bool) -> None:
+    def _write(self, records: list[tuple[bytes, bytes | None]], *, sync: bool) -> None:
         self._writer().write(records, sync=sync)
 
     def _maybe_refresh(self) -> None:
-        interval = self.config.refresh_interval_ms
-        now = self._clock.monotonic_s()
-        if now - self._last_refresh >= interval / 1000.0:
-            self._last_refresh = now
+        now = self._monotonic_s()
+        if now >= self._refresh_at:
+            self._refresh_at = now + self._refresh_s
             self.log.refresh()
 
     # -- writes -----------------------------------------------------------------------------------
     def put(self, key: bytes | str, value: bytes | str, *, sync: bool = False) -> None:
         """Set ``key`` to ``value``; with ``sync=True`` return once durable."""
-        partition, k, v, stamp = self._record(key, to_value(value))
-        self._writer().write_one(partition, k, v, stamp, sync=sync)
+        flusher = self._flusher
+        if (type(key) is bytes and type(value) is bytes and 0 < len(key) <= self._max_key
+                and len(key) + len(value) <= self._max_record and flusher is not None
+                and not self._closed):
+            if not sync:
+                flusher.put(key, value)
+                return
+            flusher.write(((key, value),), sync=True)
+            return
+        k, v = self._record(key, to_value(value))
+        self._writer().write([(k, v)], sync=sync)
 
     def delete(self, key: bytes | str, *, sync: bool = False) -> None:
         """Delete ``key`` (append a tombstone); deleting a missing key is not an error."""
-        partition, k, v, stamp = self._record(key, None)
-        self._writer().write_one(partition, k, v, stamp, sync=sync)
+        k, v = self._record(key, None)
+        self._writer().write([(k, v)], sync=sync)
 
     def batch(self) -> WriteBatch:
         """A write batch: ``with store.batch() as b: b.put(...); b.delete(...)``."""
@@ -167,22 +191,57 @@ class Store:
     def refresh(self) -> int:
         """Apply commits made by other writers; return the applied version."""
         self._check_open()
-        self._last_refresh = self._clock.monotonic_s()
+        self._refresh_at = self._clock.monotonic_s() + self._refresh_s
         return self.log.refresh()
 
     # -- reads ------------------------------------------------------------------------------------
     def get(self, key: bytes | str, default: Any = None) -> Any:
         """The value of ``key``, or ``default``."""
+        if type(key) is bytes and 0 < len(key) <= self._direct_key and not self._closed:
+            # The common case in one frame: a short key, read in a read transaction of its own.
+            memtable = self._memtable
+            front = memtable.front.get(key)
+            if front is None:
+                frozen = memtable.frozen
+                if frozen is not None:
+                    front = frozen.get(key)
+            if front is not None:
+                return default if front is TOMBSTONE else front
+            if self._monotonic_s() >= self._refresh_at:
+                self._maybe_refresh()
+            try:
+                txn = self._begin(self._index_db)
+            except self._map_resized:
+                return self._get(key, default)
+            try:
+                raw = txn.get(key)
+            finally:
+                txn.abort()
+            if raw is None:
+                return default
+            if raw[INDEX_HEAD_BYTES - 1] == INLINE_FLAG:
+                return raw[INDEX_HEAD_BYTES:]
+            return self._get_entry(key, raw, default)
+        return self._get(key, default)
+
+    def _get(self, key: Any, default: Any) -> Any:
         if self._closed:
             raise StoreClosedError("the store is closed")
-        k = key if type(key) is bytes and 0 < len(key) <= self._max_key else to_key(key, self._max_key)
-        front = self._memtable.get(k)
+        k = to_key(key, self._max_key)
+        memtable = self._memtable
+        front = memtable.front.get(k)
+        if front is None and memtable.frozen is not None:
+            front = memtable.frozen.get(k)
         if front is not None:
             return default if front is TOMBSTONE else front
         self._maybe_refresh()
-        entry = index_lookup(self.log.env, k)
-        if entry is None:
+        raw = self._read_index(encode_index_key(k))
+        if raw is None:
             return default
+        return self._get_entry(k, raw, default)
+
+    def _get_entry(self, k: bytes, raw: bytes, default: Any) -> Any:
+        entry = decode_index_value(k, raw)
         if entry.inline is not None:
             return entry.inline
 
@@ -235,21 +294,41 @@ class Store:
         with self.log._apply_lock:
             front = self._memtable.items_in_range(lo, hi, pre)
             reader = self.log.reader()
+        if not front and not reverse:
+            return chain.from_iterable(self._scan_chunks(reader, lo, hi, pre))
         return self._scan(reader, front, lo, hi, pre, reverse)
+
+    def _scan_chunks(
+        self, reader: MetaReader, lo: bytes | None, hi: bytes | None, pre: bytes | None
+    ) -> Iterator[Iterator[tuple[bytes, bytes]] | list[tuple[bytes, bytes]]]:
+        """Lists of pairs read in bulk while values are inline, then the rest one by one."""
+        try:
+            resume = yield from reader.index_inline_chunks(lo, hi, pre)
+            if resume is not None:
+                # The chain consumes this before resuming us, so the snapshot is still open.
+                yield self._scan_entries(reader, [], resume, hi, pre, False)
+        finally:
+            reader.txn.abort()
 
     def _scan(
         self, reader: MetaReader, front: list[Any], lo: bytes | None, hi: bytes | None,
         pre: bytes | None, reverse: bool,
     ) -> Iterator[tuple[bytes, bytes]]:
         try:
-            for key, entry in merge_sorted(reader.index_scan(lo, hi, pre, reverse), front, reverse=reverse):
-                if isinstance(entry, IndexEntry):
-                    yield key, self._value_of(entry, reader)
-                else:
-                    assert isinstance(entry, bytes)
-                    yield key, entry
+            yield from self._scan_entries(reader, front, lo, hi, pre, reverse)
         finally:
             reader.txn.abort()
+
+    def _scan_entries(
+        self, reader: MetaReader, front: list[Any], lo: bytes | None, hi: bytes | None,
+        pre: bytes | None, reverse: bool,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        for key, entry in merge_sorted(reader.index_scan(lo, hi, pre, reverse), front, reverse=reverse):
+            if isinstance(entry, IndexEntry):
+                yield key, self._value_of(entry, reader)
+            else:
+                assert isinstance(entry, bytes)
+                yield key, entry
 
     def changes(self, partition: int | None = None, from_offset: int = 0) -> Iterator[Record]:
         """The changelog (durable records) in offset order; all partitions one after another."""

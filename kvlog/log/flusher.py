@@ -1,53 +1,96 @@
 """Write buffers, flush and group commit.
 
-Writes go to per-partition buffers. A flush takes everything buffered, writes
-one L0 data file holding every partition's batch, and commits it: so a write
-batch, added under one lock, is never split across commits. Many threads
-waiting for durability share one flush (group commit). A flush that fails
-keeps its batches, with their producer sequences, and is retried first: the
+Writes go to one write buffer (and the memtable, under the same lock). A flush
+takes everything buffered, splits it into one batch per partition, writes one
+L0 data file holding them, and commits it: so a write batch, added under one
+lock, is never split across commits. Threads waiting for durability share
+flushes (group commit): one of them leads a flush that covers every write
+buffered before it started, the others wait for it. A flush that fails keeps
+its batches, with their producer sequences, and is retried first: the
 idempotent-producer rules make a resend that did land a harmless duplicate.
 
 Triggers: ``flush()``, a durable write, ``flush_bytes`` buffered (the
 background thread), ``flush_interval_ms`` elapsed (the background thread), and
-``max_unflushed_bytes`` (the writer flushes itself: backpressure, never
-unbounded memory).
+``max_unflushed_bytes`` (backpressure: the writer waits for the background
+flush, or flushes itself; never unbounded memory).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import xxhash
 
 from kvlog.errors import KvlogError, ProducerError, StoreClosedError
-from kvlog.format.datafile import make_record_batch
-from kvlog.index import MemTable
+from kvlog.format.datafile import SCHEMA
+from kvlog.index import TOMBSTONE, MemTable
 from kvlog.log.log import Log, PendingBatch
 from kvlog.log.producers import SEQUENCE_MODULUS
 
-__all__ = ["Flusher", "RECORD_OVERHEAD_BYTES"]
+__all__ = ["Flusher", "RECORD_OVERHEAD_BYTES", "split_by_partition"]
 
 log = logging.getLogger("kvlog.flush")
 
-#: Bytes of bookkeeping counted per buffered record on top of its key and value: the Python
-#: objects of the buffer lists and the memtable entry (measured at about 250 bytes).
-RECORD_OVERHEAD_BYTES = 256
-
-
-@dataclass
-class _Buffer:
-    keys: list[bytes] = field(default_factory=list)
-    values: list[bytes | None] = field(default_factory=list)
-    stamps: list[int] = field(default_factory=list)
+#: Bytes of memory counted per buffered record on top of its key and value: the Python objects
+#: of the buffer (the key and value objects' headers, the timestamp, three list slots), the
+#: memtable entry, and the record's share of the flush's Arrow copy and index encoding
+#: (measured at about 300 bytes for 16-byte keys and 100-byte values).
+RECORD_OVERHEAD_BYTES = 320
 
 
 @dataclass
 class _InFlight:
     batches: list[PendingBatch]
-    keys: list[bytes]
+    records: int
     generation: int
     nbytes: int
+
+
+def _binary_array(items: list[bytes]) -> pa.Array:
+    """A binary array of non-null ``items`` (one join and one pass over the lengths)."""
+    n = len(items)
+    offsets = np.empty(n + 1, dtype=np.int64)
+    offsets[0] = 0
+    np.cumsum(np.fromiter(map(len, items), dtype=np.int64, count=n), out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        return pa.array(items, type=pa.binary())
+    return pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(items))]
+    )
+
+
+def split_by_partition(
+    keys: list[bytes], values: list[bytes | None], stamps_ns: list[int], partitions: int,
+    *, has_nulls: bool = True,
+) -> list[tuple[int, pa.RecordBatch]]:
+    """One record batch per partition holding records, in write order, sorted by partition
+    (timestamps given in nanoseconds, stored in milliseconds). ``has_nulls=False``: no value is
+    None."""
+    n = len(keys)
+    stamps = np.fromiter(stamps_ns, dtype=np.int64, count=n) // 1_000_000
+    value_array = pa.array(values, type=pa.binary()) if has_nulls else _binary_array(values)  # type: ignore[arg-type]
+    batch = pa.record_batch([_binary_array(keys), value_array, pa.array(stamps)], schema=SCHEMA)
+    if partitions == 1:
+        return [(0, batch)]
+    hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, keys), dtype=np.uint64, count=n)
+    parts = (hashes % np.uint64(partitions)).astype(np.intp)
+    counts = np.bincount(parts, minlength=partitions)
+    used = np.flatnonzero(counts)
+    if len(used) == 1:
+        return [(int(used[0]), batch)]
+    ordered = batch.take(pa.array(np.argsort(parts, kind="stable")))
+    out = []
+    start = 0
+    for p in used.tolist():
+        count = int(counts[p])
+        out.append((p, ordered.slice(start, count)))
+        start += count
+    return out
 
 
 class Flusher:
@@ -60,14 +103,34 @@ class Flusher:
         self._memtable = memtable
         self._cfg = log.config
         self._clock = log.clock
-        self._lock = threading.Condition(threading.Lock())
+        clock = log.clock
+        # Buffered records are stamped in nanoseconds (a cheap call), in milliseconds at the flush.
+        self._now_ns: Callable[[], int] = getattr(clock, "now_ns", None) or (lambda: clock.now_ms() * 1_000_000)
+        self._partitions = log.partitions
+        # One lock for the buffer and the memtable: a write enters both at once.
+        self._lock = memtable.lock
+        self._acquire = memtable.lock.acquire
+        self._release = memtable.lock.release
+        # Wakes the background thread; announces finished flushes to waiting writers.
+        self._wake = threading.Condition(threading.Lock())
         self._flush_lock = threading.Lock()
-        self._buffers: dict[int, _Buffer] = {}
+        self._leading = False  # a writer leads a flush that other writers wait for
+        self._keys: list[bytes] = []
+        self._values: list[bytes | None] = []
+        self._stamps: list[int] = []
+        self._deletes = False
         self._buffered_bytes = 0
         self._inflight: _InFlight | None = None
-        self._generation = 0
+        self._inflight_bytes = 0
+        # Generations count records: the buffer holds records _taken + 1 .. _taken + len(_keys).
+        self._taken = 0
         self._durable = 0
-        self._oldest_ms: int | None = None
+        self._kicked = False
+        self._flush_bytes = self._cfg.flush_bytes
+        self._max_unflushed = self._cfg.max_unflushed_bytes
+        # Buffered bytes past which a write leaves the fast path (flush_bytes, or less while a
+        # flush is in flight and the bound is near).
+        self._trigger = min(self._flush_bytes, self._max_unflushed)
         self._next_sequence: dict[int, int] = {}
         self._fatal: KvlogError | None = None
         self.last_error: str | None = None
@@ -85,8 +148,8 @@ class Flusher:
     def stop(self) -> None:
         """Stop the background thread (buffered writes stay buffered)."""
         self._stop.set()
-        with self._lock:
-            self._lock.notify_all()
+        with self._wake:
+            self._wake.notify_all()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -95,113 +158,156 @@ class Flusher:
     @property
     def unflushed_bytes(self) -> int:
         with self._lock:
-            return self._buffered_bytes + (self._inflight.nbytes if self._inflight else 0)
+            return self._buffered_bytes + self._inflight_bytes
 
-    def write(self, records: Sequence[tuple[int, bytes, bytes | None, int]], *, sync: bool) -> None:
-        """Buffer ``(partition, key, value, timestamp)`` records as one unit; wait for durability if ``sync``."""
+    def put(self, key: bytes, value: bytes) -> None:
+        """Buffer one put of a validated key and value, not durable yet (the fast path of :meth:`write`)."""
         if self._fatal is not None:
             raise self._fatal
-        size = sum(len(k) + (len(v) if v is not None else 0) + RECORD_OVERHEAD_BYTES for _p, k, v, _t in records)
-        with self._lock:
-            self._generation += 1
-            generation = self._generation
-            for partition, key, value, stamp in records:
-                buf = self._buffers.get(partition)
-                if buf is None:
-                    buf = self._buffers[partition] = _Buffer()
-                buf.keys.append(key)
-                buf.values.append(value)
-                buf.stamps.append(stamp)
-                self._memtable.put(key, value, generation)
-            self._buffered_bytes += size
-            if self._oldest_ms is None:
-                self._oldest_ms = self._clock.now_ms()
-            total = self._buffered_bytes + (self._inflight.nbytes if self._inflight else 0)
-            full = self._buffered_bytes >= self._cfg.flush_bytes
-            if full:
-                self._lock.notify_all()
-        if sync or total > self._cfg.max_unflushed_bytes or (full and self._thread is None):
-            self.flush_until(generation)
-
-    def write_one(self, partition: int, key: bytes, value: bytes | None, stamp: int, *, sync: bool) -> None:
-        """Buffer one record (the fast path of :meth:`write`)."""
-        if self._fatal is not None:
-            raise self._fatal
-        size = len(key) + (len(value) if value is not None else 0) + RECORD_OVERHEAD_BYTES
-        with self._lock:
-            self._generation += 1
-            generation = self._generation
-            buf = self._buffers.get(partition)
-            if buf is None:
-                buf = self._buffers[partition] = _Buffer()
-            buf.keys.append(key)
-            buf.values.append(value)
-            buf.stamps.append(stamp)
-            self._memtable.put(key, value, generation)
-            self._buffered_bytes += size
-            if self._oldest_ms is None:
-                self._oldest_ms = self._clock.now_ms()
-            full = self._buffered_bytes >= self._cfg.flush_bytes
-            if full:
-                self._lock.notify_all()
-            over = self._buffered_bytes + (self._inflight.nbytes if self._inflight else 0) > (
-                self._cfg.max_unflushed_bytes
+        stamp = self._now_ns()
+        self._acquire()
+        try:
+            self._keys.append(key)
+            self._values.append(value)
+            self._stamps.append(stamp)
+            self._memtable.front[key] = value
+            self._buffered_bytes = buffered = (
+                self._buffered_bytes + len(key) + len(value) + RECORD_OVERHEAD_BYTES
             )
-        # Without a background flusher the writer flushes at flush_bytes itself.
-        if sync or over or (full and self._thread is None):
+        finally:
+            self._release()
+        if buffered >= self._trigger:
+            self._after_write(0, False)
+
+    def write(self, records: Sequence[tuple[bytes, bytes | None]], *, sync: bool) -> None:
+        """Buffer validated ``(key, value)`` records (None: a delete) as one unit; wait if ``sync``."""
+        if self._fatal is not None:
+            raise self._fatal
+        size = sum(len(k) + (len(v) if v is not None else 0) + RECORD_OVERHEAD_BYTES for k, v in records)
+        stamp = self._now_ns()
+        with self._lock:
+            front = self._memtable.front
+            for key, value in records:
+                self._keys.append(key)
+                self._values.append(value)
+                self._stamps.append(stamp)
+                if value is None:
+                    front[key] = TOMBSTONE
+                    self._deletes = True
+                else:
+                    front[key] = value
+            generation = self._taken + len(self._keys)
+            self._buffered_bytes = buffered = self._buffered_bytes + size
+        if sync or buffered >= self._trigger:
+            self._after_write(generation, sync)
+
+    def _after_write(self, generation: int, sync: bool) -> None:
+        """A durable write, or a buffer past its trigger: flush, wake the flusher, or wait."""
+        if sync:
             self.flush_until(generation)
+            return
+        with self._lock:
+            over = self._buffered_bytes + self._inflight_bytes > self._max_unflushed
+            full = self._buffered_bytes >= self._flush_bytes
+        if self._thread is None:
+            if over or full:  # without a background flusher the writer flushes itself
+                self.flush()
+            return
+        if not over:
+            if full and not self._kicked:
+                self._kicked = True
+                with self._wake:
+                    self._wake.notify_all()
+            return
+        # Backpressure: wait for the background flush in flight, which then takes our buffer;
+        # flush ourselves if it cannot keep up or fails.
+        with self._wake:
+            self._kicked = True
+            self._wake.notify_all()
+            while (self._inflight is not None and self.last_error is None and self._fatal is None
+                   and not self._stop.is_set()
+                   and self._buffered_bytes + self._inflight_bytes > self._max_unflushed):
+                self._wake.wait(1.0)
+        if self._buffered_bytes + self._inflight_bytes > self._max_unflushed:
+            self.flush()
 
     def flush(self) -> int:
         """Make every earlier write durable; return the applied commit version."""
         with self._lock:
-            generation = self._generation
+            generation = self._taken + len(self._keys)
         self.flush_until(generation)
         return self._log.version
 
     def flush_until(self, generation: int) -> None:
-        """Return once every write up to ``generation`` is durable (flushing as needed)."""
+        """Return once every write up to ``generation`` is durable (flushing as needed).
+
+        Group commit: a waiter that finds no flush running leads one, which takes every write
+        buffered so far; waiters arriving meanwhile sleep until it ends, and if it did not cover
+        them, one of them leads the next flush for all of them.
+        """
         while True:
-            with self._lock:
+            with self._wake:
+                while self._durable < generation and self._leading and self._fatal is None:
+                    self._wake.wait(1.0)
                 if self._durable >= generation:
                     return
-            if self._fatal is not None:
-                raise self._fatal
-            with self._flush_lock:
-                with self._lock:
-                    if self._durable >= generation:
-                        return
-                self._flush_once()
+                if self._fatal is not None:
+                    raise self._fatal
+                self._leading = True
+            try:
+                with self._flush_lock:  # the background thread may hold it: wait, do not spin
+                    if self._durable < generation:
+                        self._flush_once()
+            finally:
+                with self._wake:
+                    self._leading = False
+                    self._wake.notify_all()
+
+    def _announce(self) -> None:
+        """Wake the writers waiting for a flush (after the flush lock is released)."""
+        with self._wake:
+            self._wake.notify_all()
 
     def discard(self) -> None:
         """Drop every buffered write (a simulated crash, or closing without flushing)."""
         with self._lock:
-            self._buffers.clear()
+            self._taken += len(self._keys)
+            self._keys, self._values, self._stamps = [], [], []
             self._buffered_bytes = 0
             self._inflight = None
-            self._oldest_ms = None
-            self._memtable.clear()
+            self._inflight_bytes = 0
+            self._memtable.front = {}
+            self._memtable.frozen = None
 
     # -- the flush itself -------------------------------------------------------------------------
     def _take_buffers(self) -> _InFlight | None:
-        with self._lock:
-            if self._inflight is not None:
-                return self._inflight
-            if not self._buffers:
-                self._durable = self._generation
-                return None
-            batches = []
-            keys: list[bytes] = []
-            for partition in sorted(self._buffers):
-                buf = self._buffers[partition]
-                seq = self._next_sequence.get(partition, 0)
-                batches.append(PendingBatch(partition, make_record_batch(buf.keys, buf.values, buf.stamps), seq))
-                self._next_sequence[partition] = (seq + len(buf.keys)) % SEQUENCE_MODULUS
-                keys.extend(buf.keys)
-            self._inflight = _InFlight(batches, keys, self._generation, self._buffered_bytes)
-            self._buffers = {}
-            self._buffered_bytes = 0
-            self._oldest_ms = None
+        """The flush in flight, or a new one of everything buffered (called under the flush lock)."""
+        if self._inflight is not None:
             return self._inflight
+        with self._lock:
+            keys, values, stamps = self._keys, self._values, self._stamps
+            deletes = self._deletes
+            generation = self._taken + len(keys)
+            nbytes = self._buffered_bytes
+            if not keys:
+                self._durable = max(self._durable, generation)
+                return None
+            self._keys, self._values, self._stamps = [], [], []
+            self._deletes = False
+            self._taken = generation
+            self._memtable.freeze()
+            self._buffered_bytes = 0
+            self._inflight_bytes = nbytes
+            self._trigger = max(0, min(self._flush_bytes, self._max_unflushed - nbytes))
+            self._kicked = False
+        batches = []
+        for partition, records in split_by_partition(keys, values, stamps, self._partitions,
+                                                     has_nulls=deletes):
+            seq = self._next_sequence.get(partition, 0)
+            batches.append(PendingBatch(partition, records, seq))
+            self._next_sequence[partition] = (seq + records.num_rows) % SEQUENCE_MODULUS
+        self._inflight = _InFlight(batches, len(keys), generation, nbytes)
+        return self._inflight
 
     def _flush_once(self) -> None:
         inflight = self._take_buffers()
@@ -217,31 +323,36 @@ class Flusher:
             self.last_error = f"{type(e).__name__}: {e}"
             raise
         with self._lock:
+            self._memtable.retire()
             self._inflight = None
+            self._inflight_bytes = 0
+            self._trigger = min(self._flush_bytes, self._max_unflushed)
             self._durable = max(self._durable, inflight.generation)
             self.flushes += 1
-            self.records_flushed += sum(b.records.num_rows for b in inflight.batches)
+            self.records_flushed += inflight.records
             self.last_error = None
-            self._lock.notify_all()
-        self._memtable.retire(inflight.keys, inflight.generation)
+
+    def _due(self) -> bool:
+        if self._inflight is not None or self._buffered_bytes >= self._flush_bytes:
+            return True
+        stamps = self._stamps
+        return bool(stamps) and self._now_ns() - stamps[0] >= self._cfg.flush_interval_ms * 1_000_000
 
     def _run(self) -> None:
         interval_s = max(self._cfg.flush_interval_ms, 1) / 1000.0
         backoff = interval_s
         while not self._stop.is_set():
-            with self._lock:
-                self._lock.wait(timeout=interval_s)
-                if self._stop.is_set():
-                    return
-                due = self._inflight is not None or self._buffered_bytes >= self._cfg.flush_bytes or (
-                    self._oldest_ms is not None
-                    and self._clock.now_ms() - self._oldest_ms >= self._cfg.flush_interval_ms
-                )
-            if not due or self._fatal is not None:
-                continue
+            with self._wake:
+                # Writers change the buffer before they notify under this lock: no lost wake-up.
+                if not self._due() or self._fatal is not None:
+                    self._wake.wait(timeout=interval_s)
+                    continue
             try:
-                with self._flush_lock:
-                    self._flush_once()
+                try:
+                    with self._flush_lock:
+                        self._flush_once()
+                finally:
+                    self._announce()
                 backoff = interval_s
             except StoreClosedError:
                 return

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from kvlog.errors import KvlogError, ProducerError
@@ -36,7 +37,7 @@ from kvlog.log.producers import (
 )
 from kvlog.meta.cache import MetaTxn
 
-__all__ = ["ApplySettings", "apply_commit", "resolved_batch", "index_batch"]
+__all__ = ["ApplySettings", "apply_commit", "resolved_batch", "index_batch", "index_batches"]
 
 #: Supplies the records of an appended batch: (file entry, batch index) -> record batch.
 BatchSource = Callable[[FileEntry, int], pa.RecordBatch]
@@ -74,13 +75,32 @@ def index_batch(
     offsets: list[int] | None = None,
 ) -> None:
     """Point the key index at the records of a live batch (later records win; tombstones delete)."""
-    keys = record_batch.column(0).to_pylist()
-    values = record_batch.column(1).to_pylist()
+    n = record_batch.num_rows
     if offsets is None:
-        offsets = list(range(base, base + len(keys)))
-    # The last record of each key in the batch wins.
-    latest = dict(zip(keys, zip(offsets, values, strict=True), strict=True))
-    txn.index_apply(partition, latest, inline_limit)
+        positions = np.arange(base, base + n, dtype=np.int64)
+    else:
+        positions = np.asarray(offsets, dtype=np.int64)
+        if len(positions) != n:
+            raise ValueError(f"{len(positions)} offsets for {n} records")
+    txn.index_records(partition, record_batch.column(0), record_batch.column(1), positions, inline_limit)
+
+
+def index_batches(
+    txn: MetaTxn, batches: list[tuple[int, int, pa.RecordBatch]], inline_limit: int
+) -> None:
+    """Index the records of ``(partition, base offset, records)`` batches in order (a later batch
+    wins), in one sorted pass over the key index."""
+    batches = [b for b in batches if b[2].num_rows]
+    if len(batches) <= 1:
+        for partition, base, records in batches:
+            index_batch(txn, partition, base, records, inline_limit)
+        return
+    keys = pa.concat_arrays([records.column(0) for _p, _b, records in batches])
+    values = pa.concat_arrays([records.column(1) for _p, _b, records in batches])
+    positions = np.concatenate([np.arange(base, base + records.num_rows, dtype=np.int64)
+                                for _p, base, records in batches])
+    partitions = np.concatenate([np.full(records.num_rows, p, dtype=np.int64) for p, _b, records in batches])
+    txn.index_records(partitions, keys, values, positions, inline_limit)
 
 
 def apply_commit(
@@ -152,6 +172,7 @@ def _apply_append(
     # Then write.
     results: list[list[Any]] = []
     live_batches: dict[str, list[list[int]]] = {}
+    to_index: list[tuple[int, int, pa.RecordBatch]] = []
     for file, i, batch, base, last, accepted in plan:
         results.append([file.file_id, i, "ok" if accepted else "duplicate", base, last])
         if not accepted:
@@ -159,7 +180,8 @@ def _apply_append(
         txn.put_batch(batch.partition, last, resolved_batch(file, batch, base, last))
         live_batches.setdefault(file.file_id, []).append([batch.partition, last])
         if settings.maintain_index:
-            index_batch(txn, batch.partition, base, source(file, i), settings.inline_value_bytes)
+            to_index.append((batch.partition, base, source(file, i)))
+    index_batches(txn, to_index, settings.inline_value_bytes)
     for file in commit.add:
         if file.file_id in live_batches:
             txn.put_file(file.file_id, _file_value(file, live_batches[file.file_id], commit.version,

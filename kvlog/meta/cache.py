@@ -17,17 +17,26 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
+from bisect import bisect_left
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from itertools import islice
+from operator import itemgetter
+from typing import Any, cast
 
 import lmdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from kvlog.log.producers import ProducerState, producer_from_json, producer_to_json
 from kvlog.meta.env import LmdbEnv
 from kvlog.meta.keys import DIRECT_KEY_BYTES, encode_index_key, is_long_encoded
 
-__all__ = ["IndexEntry", "MetaTxn", "MetaReader", "index_lookup", "prefix_successor"]
+__all__ = [
+    "INDEX_HEAD_BYTES", "INLINE_FLAG", "IndexEntry", "MetaTxn", "MetaReader", "decode_index_value",
+    "index_lookup", "index_read_handles", "index_value_reader", "prefix_successor",
+]
 
 _BATCH_KEY = struct.Struct(">HQ")
 _PART_KEY = struct.Struct(">H")
@@ -37,6 +46,14 @@ _INDEX_HEAD = struct.Struct(">HQB")
 _KEYLEN = struct.Struct(">I")
 _INLINE = 1
 _LONG = 2
+#: An index value is ``>HQB`` (partition, offset, flags) then the long key's length and bytes
+#: (flag 2) then the inline value (flag 1). A value whose byte :data:`INDEX_HEAD_BYTES` - 1 is
+#: :data:`INLINE_FLAG` is a short key's entry with its value inline from byte INDEX_HEAD_BYTES on.
+INDEX_HEAD_BYTES = _INDEX_HEAD.size
+INLINE_FLAG = _INLINE
+_HEAD_DTYPE = np.dtype([("p", ">u2"), ("o", ">u8"), ("f", "u1")])
+_SCAN_CHUNK = 512
+_FIRST = itemgetter(0)
 
 
 @dataclass(frozen=True)
@@ -74,6 +91,37 @@ def _decode_index(lmdb_key: bytes, value: bytes) -> tuple[bytes, IndexEntry]:
         pos += 4 + n
     inline = bytes(value[pos:]) if flags & _INLINE else None
     return key, IndexEntry(partition, offset, inline)
+
+
+def decode_index_value(key: bytes, value: bytes) -> IndexEntry:
+    """The entry of an index value read for ``key`` (a user key)."""
+    return _decode_index(encode_index_key(key), value)[1]
+
+
+def index_read_handles(env: LmdbEnv) -> tuple[Callable[[Any], Any], Any, type[Exception]]:
+    """For a caller's own fast path: ``begin(db)`` of a read transaction (``txn.get(lmdb_key)``
+    then ``txn.abort()``), the index database, and the error meaning "take the slow path"
+    (another process grew the map)."""
+    return env.env.begin, env.dbs["index"], lmdb.MapResizedError
+
+
+def index_value_reader(env: LmdbEnv) -> Callable[[bytes], bytes | None]:
+    """A function reading one raw index value by LMDB key, in a short read transaction of its own."""
+    db = env.dbs["index"]
+
+    def read(lmdb_key: bytes) -> bytes | None:
+        try:
+            txn = env.env.begin(db=db, buffers=False)
+        except lmdb.MapResizedError:
+            env._adopt_size()
+            return read(lmdb_key)
+        try:
+            value: bytes | None = txn.get(lmdb_key)
+            return value
+        finally:
+            txn.abort()
+
+    return read
 
 
 def index_lookup(env: LmdbEnv, key: bytes) -> IndexEntry | None:
@@ -236,6 +284,58 @@ class MetaReader:
                     continue
                 yield key, entry
 
+    def index_inline_chunks(
+        self, start: bytes | None, stop: bytes | None, prefix: bytes | None
+    ) -> Generator[list[tuple[bytes, bytes]], None, bytes | None]:
+        """Forward scan of ``(key, inline value)`` lists while entries are short keys with inline
+        values; returns None at the end of the range, or the lower bound from which the rest must
+        be read with :meth:`index_scan` (at the first other entry)."""
+        lower = start
+        upper = stop
+        if prefix:
+            lower = prefix if lower is None or lower < prefix else lower
+            successor = prefix_successor(prefix)
+            if successor is not None and (upper is None or successor < upper):
+                upper = successor
+        if lower is not None and upper is not None and lower >= upper:
+            return None
+        head = _INDEX_HEAD.size
+        flag = head - 1
+        # LMDB keys below ``cut`` are in the range; past a long ``upper``, long keys need their real keys.
+        cut = upper if upper is None or len(upper) <= DIRECT_KEY_BYTES else upper[:DIRECT_KEY_BYTES]
+        with self.txn.cursor(db=self._db["index"]) as cur:
+            found = cur.first() if lower is None else cur.set_range(lower[:DIRECT_KEY_BYTES])
+            if not found:
+                return None
+            entries = cast(Iterator[tuple[bytes, bytes]], cur.iternext())  # buffers=False: bytes
+            first = True
+            while True:
+                raw = list(islice(entries, _SCAN_CHUNK))
+                if not raw:
+                    return None
+                if first and lower is not None and len(lower) > DIRECT_KEY_BYTES:
+                    return lower  # a long lower bound: the general path finds where to begin
+                first = False
+                done = False
+                if cut is not None and raw[-1][0] >= cut:
+                    raw = raw[:bisect_left(raw, cut, key=_FIRST)]
+                    done = True
+                out = [(k, v[head:]) for k, v in raw if v[flag] == _INLINE]
+                if len(out) != len(raw):
+                    at = next(i for i, (_k, v) in enumerate(raw) if v[flag] != _INLINE)
+                    if at:
+                        yield out[:at]
+                    key = raw[at][0]
+                    # A long key's run: every real key of it is > its first bytes + b"\0".
+                    return key[:DIRECT_KEY_BYTES] + b"\x00" if is_long_encoded(key) else key
+                if out:
+                    yield out
+                if done:
+                    # A long upper bound: keys from its first bytes on are compared in full there.
+                    if cut is None or cut == upper:
+                        return None
+                    return cut if lower is None or lower < cut else lower
+
     @staticmethod
     def _walk_forward(cur: lmdb.Cursor, lower: bytes | None) -> Iterator[tuple[bytes, IndexEntry]]:
         if lower is None:
@@ -389,6 +489,77 @@ class MetaTxn(MetaReader):
         if puts:
             with self.txn.cursor(db=self._db["index"]) as cur:
                 cur.putmulti(puts)
+
+    def index_records(
+        self, partition: int | np.ndarray, keys: pa.Array, values: pa.Array, offsets: np.ndarray,
+        inline_limit: int,
+    ) -> None:
+        """Point ``keys`` (binary) at ``offsets`` of ``partition`` (one, or one per record) in one
+        pass; the last record of a key wins, a null value (a tombstone) deletes it; values up to
+        ``inline_limit`` inline."""
+        n = len(keys)
+        if n == 0:
+            return
+        lengths = pc.binary_length(keys)
+        if pc.max(lengths).as_py() > DIRECT_KEY_BYTES:  # long keys: the general path
+            parts = np.broadcast_to(np.asarray(partition), (n,)).tolist()
+            key_list = keys.to_pylist()
+            for p, key, offset, value in zip(parts, key_list, offsets.tolist(), values.to_pylist(), strict=True):
+                self.index_apply(p, {key: (offset, value)}, inline_limit)
+            return
+        width = pc.min(lengths).as_py()
+        if width == pc.max(lengths).as_py() and width > 0:
+            # Keys of one width: sort them (stable) as fixed-width byte strings, keep each key's last.
+            data = keys.buffers()[2]
+            begin = int(np.frombuffer(keys.buffers()[1], dtype=np.int32, count=1, offset=4 * keys.offset)[0])
+            fixed = np.frombuffer(data, dtype=f"S{width}", count=n, offset=begin)
+            order = np.argsort(fixed, kind="stable")
+            ranked = fixed[order]
+            last = np.empty(n, dtype=bool)
+            np.not_equal(ranked[1:], ranked[:-1], out=last[:-1])
+            last[-1] = True
+            chosen = order if last.all() else order[last]
+        else:
+            key_list = keys.to_pylist()
+            latest = dict(zip(key_list, range(n), strict=True))
+            chosen = np.fromiter(sorted(latest.values(), key=key_list.__getitem__), dtype=np.int64,
+                                 count=len(latest))
+        take = pa.array(chosen)
+        keys = keys.take(take)
+        values = values.take(take)
+        positions = offsets[chosen]
+        if isinstance(partition, np.ndarray):
+            partition = partition[chosen]
+        if values.null_count:
+            live = pc.is_valid(values)
+            dead = pc.invert(live)
+            index_db = self._db["index"]
+            for key in keys.filter(dead).to_pylist():
+                self.txn.delete(key, db=index_db)
+            keys = keys.filter(live)
+            values = values.filter(live)
+            alive = np.asarray(live.to_numpy(zero_copy_only=False), dtype=bool)
+            positions = positions[alive]
+            if isinstance(partition, np.ndarray):
+                partition = partition[alive]
+        m = len(keys)
+        if m == 0:
+            return
+        inline = pc.less_equal(pc.binary_length(values), inline_limit)
+        heads = np.empty(m, dtype=_HEAD_DTYPE)
+        heads["p"] = partition
+        heads["o"] = positions
+        heads["f"] = np.asarray(inline.to_numpy(zero_copy_only=False), dtype=np.uint8)
+        head_array = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(_INDEX_HEAD.size), m, [None, pa.py_buffer(heads.tobytes())]
+        ).cast(pa.binary())
+        if not inline.false_count:
+            encoded = pc.binary_join_element_wise(head_array, values, b"")
+        else:
+            empty = pa.scalar(b"", pa.binary())
+            encoded = pc.binary_join_element_wise(head_array, pc.if_else(inline, values, empty), b"")
+        with self.txn.cursor(db=self._db["index"]) as cur:
+            cur.putmulti(zip(keys.to_pylist(), encoded.to_pylist(), strict=True))
 
     def index_delete(self, key: bytes) -> None:
         self.txn.delete(encode_index_key(key), db=self._db["index"])
