@@ -26,6 +26,7 @@ from kvlog.log import open_log
 from kvlog.log.naming import data_file_name
 from kvlog.meta import MetaTxn
 from kvlog.storage import open_storage
+from kvlog.storage.base import BytesLike
 from spark_ext.options import driver_cache_dir
 
 __all__ = ["register", "compact", "materialize", "rebuild_index"]
@@ -144,7 +145,7 @@ class _OutputTask:
         files: list[str] = []
         level = self.level
 
-        def write_file(data: bytes, entries: list[BatchEntry]) -> FileEntry:
+        def write_file(data: BytesLike, entries: list[BatchEntry]) -> FileEntry:
             file_id = uuid.uuid4().hex
             path = data_file_name(level, file_id)
             storage.put(path, data)

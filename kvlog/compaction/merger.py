@@ -4,11 +4,20 @@ Per partition, in ascending order, over the inputs in commit order:
 
 * pass 1 (cleaned partitions only) reads the dirty range through stream A of
   each input file and builds the offset map; if the map fills, the round ends
-  at the last mapped offset + 1 (a partial round; later rounds continue);
+  at the last mapped offset + 1 (a partial round; later rounds continue). It
+  also notes, in a roaring bitmap, every record of the dirty range that a
+  later record of its key replaces;
 * pass 2 reads every batch of the partition through stream B and keeps a
   record iff it lies at or beyond the round's end, or it is the latest for its
-  key (and, for a tombstone, its delete horizon has not passed). A tombstone
-  that survives without a horizon is stamped ``now + delete_retention_ms``.
+  key (and, for a tombstone, its delete horizon has not passed): a record of
+  the clean section is looked up in the map, one of the dirty range in the
+  bitmap, so only the clean section's keys are fingerprinted twice. A
+  tombstone that survives without a horizon is stamped
+  ``now + delete_retention_ms``.
+
+Records move through both passes as Arrow arrays: fingerprints, map
+operations and the keep mask are numpy, and survivors are Arrow filters of the
+input batches.
 
 Each input file is read through at most two forward-only streams, A and B:
 on object storage, exactly two GETs per input file per job, however many
@@ -20,20 +29,23 @@ were removed.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from pyroaring import BitMap
 
 from kvlog.compaction.offset_map import MAX_RELATIVE_OFFSET, OffsetMap, fingerprints
 from kvlog.compaction.planner import Plan
 from kvlog.config import StoreConfig
 from kvlog.errors import CorruptDataError, KvlogError
-from kvlog.format.bitmap import decode_offsets, encode_offsets
+from kvlog.format.bitmap import decode_offsets, encode_offsets, offsets_of
 from kvlog.format.commit import BatchEntry, FileEntry
 from kvlog.format.datafile import BatchLocation, DataFileWriter, decode_batch, make_record_batch
-from kvlog.storage.base import ForwardStream, Storage
+from kvlog.storage.base import BytesLike, ForwardStream, Storage
 
 __all__ = ["JobResult", "OutputWriter", "PartitionFailure", "run_job", "OUTPUT_BATCH_RECORDS"]
 
@@ -88,6 +100,20 @@ class _Streams:
                                  batch["ts"][0], batch["ts"][1])
         return decode_batch(batch["path"], data, location)
 
+    def read_ahead(self, which: str, batches: Sequence[Mapping[str, Any]]
+                   ) -> Iterator[tuple[Mapping[str, Any], pa.RecordBatch]]:
+        """Each of ``batches`` with its records, read through stream ``which`` one batch ahead
+        in a second thread (reading, checksumming and decoding release the GIL)."""
+        if not batches:
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="kvlog-compaction-read") as pool:
+            pending = pool.submit(self.read, which, batches[0])
+            for i, batch in enumerate(batches):
+                current = pending
+                if i + 1 < len(batches):
+                    pending = pool.submit(self.read, which, batches[i + 1])
+                yield batch, current.result()
+
     def close(self) -> None:
         for stream in self._open.values():
             stream.close()
@@ -95,22 +121,24 @@ class _Streams:
 
 
 def _offsets(batch: Mapping[str, Any]) -> np.ndarray:
+    """The present offsets of ``batch``, ascending."""
     base = int(batch["base"])
     present = batch.get("present")
     if present is None:
         return np.arange(base, int(batch["last"]) + 1, dtype=np.int64)
-    bitmap = decode_offsets(batch["path"], present)
-    return np.fromiter(bitmap, dtype=np.int64, count=len(bitmap)) + base
+    return offsets_of(decode_offsets(batch["path"], present)).astype(np.int64) + base
 
 
 class OutputWriter:
     """Accumulates kept records into batches and batches into output files (of about ``target_bytes``)."""
 
-    def __init__(self, write_file: Callable[[bytes, list[BatchEntry]], FileEntry], config: StoreConfig,
-                 target_bytes: int) -> None:
+    def __init__(self, write_file: Callable[[BytesLike, list[BatchEntry]], FileEntry], config: StoreConfig,
+                 target_bytes: int, spill_dir: Path | None = None) -> None:
+        """With ``spill_dir`` (a local directory) output files are built there, not in memory."""
         self._write_file = write_file
         self._config = config
         self._target = target_bytes
+        self._spill_dir = spill_dir
         self._writer: DataFileWriter | None = None
         self._entries: list[tuple[int, int, int, str | None, int | None]] = []
         self._written_bytes = 0
@@ -119,26 +147,28 @@ class OutputWriter:
 
     def _reset_batch(self, partition: int) -> None:
         self._partition = partition
-        self._keys: list[bytes] = []
-        self._values: list[bytes | None] = []
-        self._stamps: list[int] = []
-        self._offs: list[int] = []
+        self._pieces: list[pa.RecordBatch] = []
+        self._offsets: list[np.ndarray] = []
+        self._rows = 0
         self._horizon: int | None = None
         self._has_tombstone = False
 
-    def add(self, partition: int, keys: Sequence[bytes], values: Sequence[bytes | None],
-            stamps: Sequence[int], offsets: Sequence[int], horizon: int | None) -> None:
-        """Add records of ``partition``; ``horizon`` is their tombstones' delete horizon.
+    def add_records(self, partition: int, records: pa.RecordBatch, offsets: np.ndarray,
+                    horizon: int | None) -> None:
+        """Add ``records`` (of the data-file schema) of ``partition`` at ``offsets``.
 
-        A batch's horizon applies to all its tombstones, so tombstones of different
-        horizons (or none) never share a batch.
+        ``horizon`` is their tombstones' delete horizon: a batch's horizon applies to all its
+        tombstones, so tombstones of different horizons (or none) never share a batch.
         """
-        room = OUTPUT_BATCH_RECORDS - len(self._keys)
-        if len(keys) > room > 0:  # no output batch holds more than OUTPUT_BATCH_RECORDS records
-            self.add(partition, keys[:room], values[:room], stamps[:room], offsets[:room], horizon)
-            self.add(partition, keys[room:], values[room:], stamps[room:], offsets[room:], horizon)
+        n = records.num_rows
+        if n == 0:
             return
-        has_tombstone = any(v is None for v in values)
+        room = OUTPUT_BATCH_RECORDS - self._rows
+        if n > room > 0:  # no output batch holds more than OUTPUT_BATCH_RECORDS records
+            self.add_records(partition, records.slice(0, room), offsets[:room], horizon)
+            self.add_records(partition, records.slice(room), offsets[room:], horizon)
+            return
+        has_tombstone = records.column(1).null_count > 0
         if partition != self._partition or (
             has_tombstone and self._has_tombstone and horizon != self._horizon
         ):
@@ -147,22 +177,33 @@ class OutputWriter:
         if has_tombstone:
             self._has_tombstone = True
             self._horizon = horizon
-        self._keys.extend(keys)
-        self._values.extend(values)
-        self._stamps.extend(stamps)
-        self._offs.extend(offsets)
-        if len(self._keys) >= OUTPUT_BATCH_RECORDS:
+        self._pieces.append(records)
+        self._offsets.append(np.asarray(offsets, dtype=np.int64))
+        self._rows += n
+        if self._rows >= OUTPUT_BATCH_RECORDS:
             self.end_batch()
 
+    def add(self, partition: int, keys: Sequence[bytes], values: Sequence[bytes | None],
+            stamps: Sequence[int], offsets: Sequence[int], horizon: int | None) -> None:
+        """Add records of ``partition`` given as Python sequences (see :meth:`add_records`)."""
+        if keys:
+            self.add_records(partition, make_record_batch(keys, values, stamps),
+                             np.asarray(offsets, dtype=np.int64), horizon)
+
     def end_batch(self) -> None:
-        if self._keys:
+        if self._rows:
             if self._writer is None:
-                self._writer = DataFileWriter(self._config.compression)
-            record_batch = make_record_batch(self._keys, self._values, self._stamps)
+                spill = None
+                if self._spill_dir is not None:
+                    spill = self._spill_dir / f"output-{len(self.files)}.arrow"
+                self._writer = DataFileWriter(self._config.compression, spill)
+            pieces = self._pieces
+            record_batch = pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
             self._writer.add(record_batch)
-            base, last = self._offs[0], self._offs[-1]
-            dense = last - base + 1 == len(self._offs)
-            present = None if dense else encode_offsets(o - base for o in self._offs)
+            offsets = self._offsets[0] if len(self._offsets) == 1 else np.concatenate(self._offsets)
+            base, last = int(offsets[0]), int(offsets[-1])
+            dense = last - base + 1 == len(offsets)
+            present = None if dense else encode_offsets(offsets - base)
             self._entries.append((self._partition, base, last, present, self._horizon))
             self._written_bytes += record_batch.nbytes
         self._reset_batch(self._partition)
@@ -172,13 +213,17 @@ class OutputWriter:
     def end_file(self) -> None:
         if self._writer is None:
             return
-        data, locations = self._writer.finish()
-        entries = [
-            BatchEntry(partition=p, location=loc, base_offset=base, last_offset=last, present=present,
-                       tombstone_horizon_ms=horizon)
-            for (p, base, last, present, horizon), loc in zip(self._entries, locations, strict=True)
-        ]
-        self.files.append(self._write_file(data, entries))
+        try:
+            data, locations = self._writer.finish_view()
+            entries = [
+                BatchEntry(partition=p, location=loc, base_offset=base, last_offset=last, present=present,
+                           tombstone_horizon_ms=horizon)
+                for (p, base, last, present, horizon), loc in zip(self._entries, locations, strict=True)
+            ]
+            self.files.append(self._write_file(data, entries))
+            del data
+        finally:
+            self._writer.close()
         self._writer = None
         self._entries = []
         self._written_bytes = 0
@@ -188,12 +233,18 @@ class OutputWriter:
         self.end_file()
         return self.files
 
+    def abandon(self) -> None:
+        """Drop the file being built (after a failure)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
 
 def run_job(
     plan: Plan,
     batches_by_partition: Mapping[int, Sequence[Mapping[str, Any]]],
     storage: Storage,
-    write_file: Callable[[bytes, list[BatchEntry]], FileEntry],
+    write_file: Callable[[BytesLike, list[BatchEntry]], FileEntry],
     offset_map: OffsetMap | None,
     seed: int,
     config: StoreConfig,
@@ -201,58 +252,85 @@ def run_job(
     *,
     target_file_bytes: int = 64 * 2**20,
     progress: Callable[[int], None] | None = None,
+    spill_dir: Path | None = None,
 ) -> JobResult:
-    """Run ``plan`` over the live batches of its input files; write outputs through ``write_file``."""
+    """Run ``plan`` over the live batches of its input files; write outputs through ``write_file``
+    (built in ``spill_dir``, a local directory, when given)."""
     result = JobResult(map_capacity=offset_map.capacity if offset_map is not None else 0)
     streams = _Streams(storage)
-    output = OutputWriter(write_file, config, target_file_bytes)
+    output = OutputWriter(write_file, config, target_file_bytes, spill_dir)
     try:
         for partition in sorted(batches_by_partition):
             batches = batches_by_partition[partition]
             try:
                 spec = plan.clean.get(partition)
                 if spec is not None and offset_map is not None:
+                    superseded = BitMap()
                     round_end = _pass_one(spec.first_dirty, spec.first_uncleanable, batches, streams,
-                                          offset_map, seed)
+                                          offset_map, seed, superseded)
                     if round_end < spec.first_uncleanable:
                         result.partial = True
                     result.checkpoints[partition] = round_end
-                    _pass_two(partition, batches, streams, output, offset_map, seed, round_end, config,
-                              now_ms, result)
+                    cleaning = _Round(spec.first_dirty, round_end, superseded, offset_map, seed)
+                    _pass_two(partition, batches, streams, output, cleaning, config, now_ms, result)
                 else:
                     _copy(partition, batches, streams, output, result)
             except KvlogError as e:
                 if isinstance(e, PartitionFailure):
                     raise
                 raise PartitionFailure(partition, e) from e
+            # Decoded batches are allocated by the reading thread and freed by this one; let
+            # Arrow's allocator hand such memory back instead of keeping it for that thread.
+            pa.default_memory_pool().release_unused()
             if progress is not None:
                 progress(len(batches))
         result.outputs = output.finish()
     finally:
+        output.abandon()
         streams.close()
     result.bytes_read = streams.bytes_read
     result.bytes_written = sum(f.size for f in result.outputs)
     return result
 
 
+@dataclass
+class _Round:
+    """What pass 1 of a partition learnt: the cleaned range and its superseded records."""
+
+    first_dirty: int
+    end: int
+    superseded: BitMap
+    """Offsets relative to ``first_dirty`` of records in the dirty range that a later record of
+    the same key replaces (at most one bit per record of the dirty range)."""
+    offset_map: OffsetMap
+    seed: int
+
+    def superseded_in(self, first: int, last: int) -> np.ndarray:
+        """The superseded absolute offsets within ``first..last`` (both in the dirty range)."""
+        bitmap = self.superseded
+        low = bitmap.rank(first - self.first_dirty - 1) if first > self.first_dirty else 0
+        high = bitmap.rank(last - self.first_dirty)
+        if high <= low:
+            return np.zeros(0, dtype=np.int64)
+        return offsets_of(bitmap[low:high]).astype(np.int64) + self.first_dirty
+
+
 def _pass_one(first_dirty: int, first_uncleanable: int, batches: Sequence[Mapping[str, Any]],
-              streams: _Streams, offset_map: OffsetMap, seed: int) -> int:
-    """Build the map over the dirty range; return the round's end."""
+              streams: _Streams, offset_map: OffsetMap, seed: int, superseded: BitMap) -> int:
+    """Build the map over the dirty range, noting superseded records; return the round's end."""
     offset_map.clear(base=first_dirty)
     limit = min(first_uncleanable, first_dirty + MAX_RELATIVE_OFFSET + 1)
     last_mapped = first_dirty - 1
-    for batch in batches:
-        if batch["last"] < first_dirty or batch["base"] >= limit:
-            continue
-        record_batch = streams.read("A", batch)
+    dirty = [b for b in batches if b["last"] >= first_dirty and b["base"] < limit]
+    for batch, record_batch in streams.read_ahead("A", dirty):
         offsets = _offsets(batch)
-        chosen = (offsets >= first_dirty) & (offsets < limit)
-        if not chosen.any():
+        start, stop = np.searchsorted(offsets, [first_dirty, limit])
+        if start >= stop:
             continue
-        keys = record_batch.column(0).filter(pa.array(chosen)).to_pylist()
+        keys = record_batch.column(0).slice(int(start), int(stop - start))
+        selected = offsets[start:stop]
         hi, lo = fingerprints(keys, seed)
-        selected = offsets[chosen]
-        mapped = offset_map.insert(hi, lo, selected)
+        mapped = offset_map.insert(hi, lo, selected, superseded)
         if mapped:
             last_mapped = int(selected[mapped - 1])
         if mapped < len(selected):
@@ -261,67 +339,51 @@ def _pass_one(first_dirty: int, first_uncleanable: int, batches: Sequence[Mappin
 
 
 def _pass_two(partition: int, batches: Sequence[Mapping[str, Any]], streams: _Streams, output: OutputWriter,
-              offset_map: OffsetMap, seed: int, round_end: int, config: StoreConfig, now_ms: int,
-              result: JobResult) -> None:
-    for batch in batches:
-        record_batch = streams.read("B", batch)
+              cleaning: _Round, config: StoreConfig, now_ms: int, result: JobResult) -> None:
+    """Rewrite the partition: keep the latest record of every key (tombstones until their horizon)."""
+    for batch, record_batch in streams.read_ahead("B", batches):
         offsets = _offsets(batch)
-        keys = record_batch.column(0).to_pylist()
-        values = record_batch.column(1).to_pylist()
-        stamps = record_batch.column(2).to_pylist()
-        result.records_read += len(keys)
-        cleaned = offsets < round_end
-        keep = np.ones(len(keys), dtype=bool)
+        n = len(offsets)
+        result.records_read += n
         horizon = batch.get("horizon")
-        stamp_new = False
-        if cleaned.any():
-            idx = np.nonzero(cleaned)[0]
-            hi, lo = fingerprints([keys[i] for i in idx], seed)
-            latest = offset_map.lookup(hi, lo)
-            keep[idx] = (latest < 0) | (offsets[idx] >= latest)
-            for i in idx[keep[idx]]:
-                if values[i] is None:
-                    if horizon is not None and now_ms >= horizon:
-                        keep[i] = False
-                    elif horizon is None:
-                        stamp_new = True
-            result.tombstones_removed += sum(1 for i in idx if values[i] is None and not keep[i])
-        kept = np.nonzero(keep)[0]
-        if not len(kept):
+        prefix_end, cleaned_end = (int(i) for i in np.searchsorted(offsets, [cleaning.first_dirty, cleaning.end]))
+        if cleaned_end == 0:  # wholly beyond the round: kept as it is
+            output.add_records(partition, record_batch, offsets, horizon)
+            result.records_written += n
             continue
+        keep = np.ones(cleaned_end, dtype=bool)
+        if prefix_end:  # the clean section: a record goes when the dirty range has its key
+            hi, lo = fingerprints(record_batch.column(0).slice(0, prefix_end), cleaning.seed)
+            keep[:prefix_end] = cleaning.offset_map.lookup(hi, lo) < 0
+        if cleaned_end > prefix_end:  # the dirty range: a record goes when a later one replaced it
+            dead = cleaning.superseded_in(int(offsets[prefix_end]), int(offsets[cleaned_end - 1]))
+            if len(dead):
+                dense = int(offsets[-1]) - int(offsets[0]) + 1 == n
+                keep[dead - int(offsets[0]) if dense else np.searchsorted(offsets[:cleaned_end], dead)] = False
         new_horizon = horizon
-        if stamp_new:
-            new_horizon = now_ms + config.delete_retention_ms
-        for start, stop, run_horizon in _horizon_runs(kept, values, offsets, round_end, horizon, new_horizon):
-            sel = kept[start:stop]
-            output.add(partition, [keys[i] for i in sel], [values[i] for i in sel],
-                       [stamps[i] for i in sel], offsets[sel].tolist(), run_horizon)
-        result.records_written += len(kept)
-
-
-def _horizon_runs(kept: np.ndarray, values: Sequence[bytes | None], offsets: np.ndarray, round_end: int,
-                  old: int | None, new: int | None) -> Iterator[tuple[int, int, int | None]]:
-    """Split kept records into runs by the horizon their tombstones carry (cleaned ones get ``new``)."""
-    start = 0
-    current: int | None = None
-    for j, i in enumerate(kept):
-        if values[i] is not None:
-            continue
-        h = new if offsets[i] < round_end else old
-        if current is None:
-            current = h
-        elif h != current:
-            yield start, j, current
-            start, current = j, h
-    yield start, len(kept), current
+        values = record_batch.column(1)
+        if values.null_count:
+            tombstone = values.is_null().to_numpy(zero_copy_only=False)[:cleaned_end]
+            if (tombstone & keep).any():
+                if horizon is not None and now_ms >= horizon:
+                    keep &= ~tombstone
+                elif horizon is None:
+                    new_horizon = now_ms + config.delete_retention_ms
+            result.tombstones_removed += int(np.count_nonzero(tombstone & ~keep))
+        cleaned = record_batch.slice(0, cleaned_end)
+        kept = int(np.count_nonzero(keep))
+        if kept == cleaned_end:
+            output.add_records(partition, cleaned, offsets[:cleaned_end], new_horizon)
+        elif kept:
+            output.add_records(partition, cleaned.filter(pa.array(keep)), offsets[:cleaned_end][keep], new_horizon)
+        if cleaned_end < n:
+            output.add_records(partition, record_batch.slice(cleaned_end), offsets[cleaned_end:], horizon)
+        result.records_written += kept + n - cleaned_end
 
 
 def _copy(partition: int, batches: Sequence[Mapping[str, Any]], streams: _Streams, output: OutputWriter,
           result: JobResult) -> None:
-    for batch in batches:
-        record_batch = streams.read("B", batch)
-        offsets = _offsets(batch)
+    for batch, record_batch in streams.read_ahead("B", batches):
         result.records_read += record_batch.num_rows
         result.records_written += record_batch.num_rows
-        output.add(partition, record_batch.column(0).to_pylist(), record_batch.column(1).to_pylist(),
-                   record_batch.column(2).to_pylist(), offsets.tolist(), batch.get("horizon"))
+        output.add_records(partition, record_batch, _offsets(batch), batch.get("horizon"))

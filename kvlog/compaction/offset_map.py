@@ -1,36 +1,58 @@
 """The compactor's bounded offset map: key fingerprint -> latest offset, in one preallocated buffer.
 
-Each slot is 16 bytes: a 96-bit fingerprint of the key (the first 96 bits of
-its seeded XXH3-128; the key itself is never stored) and the offset relative
-to the round's base as an unsigned 32-bit integer. ``offset_map_bytes`` of
-128 MiB is 8,388,608 slots; filled to at most ``offset_map_load_factor``
-(0.9) that holds 7,549,747 distinct keys per pass (Kafka: 24 bytes per entry,
-about 5.0 M keys; WarpStream: 41 bytes, about 3.27 M).
+Each slot is 16 bytes: a 96-bit fingerprint of the key (the key itself is never
+stored) and the offset relative to the round's base as an unsigned 32-bit
+integer. ``offset_map_bytes`` of 128 MiB is 8,388,608 slots; filled to at most
+``offset_map_load_factor`` (0.9) that holds 7,549,747 distinct keys per pass
+(Kafka: 24 bytes per entry, about 5.0 M keys; WarpStream: 41 bytes, about 3.27 M).
+
+Fingerprints are computed for a whole Arrow array at once with numpy: three
+lanes of NH (the universal hash of UMAC) over the key's 32-bit words, keyed by
+material derived from the store's seed (each lane's key shifted by two words,
+the Toeplitz construction), then mixed with the key's length by a 64-bit
+finalizer into 64 + 32 bits. For two distinct keys of equal length, each NH lane
+collides with probability at most 2^-32 over the seed, so the three lanes
+together at most 2^-96; keys of different lengths differ in the length mixed
+in. Two distinct keys of one pass thus share a fingerprint with probability
+about n^2 / 2^97 (n keys): for 7.5 M keys, 3.6e-16. No fixed set of keys
+collides for every seed.
 
 An all-zero fingerprint marks an empty slot (a key whose fingerprint is zero
 is stored as 1). Open addressing with linear probing; insertion and lookup are
-vectorised with numpy over whole Arrow batches. Two distinct keys collide with
-probability about n^2 / 2^97 per pass (n keys): for 7.5 M keys, 3.6e-16.
+vectorised with numpy over whole Arrow batches.
 
 This module does no I/O.
 """
 
 from __future__ import annotations
 
+import array
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
+import pyarrow as pa
+from pyroaring import BitMap
 
 __all__ = ["SLOT_BYTES", "MAX_RELATIVE_OFFSET", "OffsetMap", "fingerprints", "capacity_for"]
 
 SLOT_BYTES = 16
 MAX_RELATIVE_OFFSET = 2**32 - 2
-_NONE = np.uint32(0xFFFFFFFF)
 
 U64 = npt.NDArray[np.uint64]
 U32 = npt.NDArray[np.uint32]
+I64 = npt.NDArray[np.int64]
+
+_LANES = 3
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xFF51AFD7ED558CCD)
+_MIX2 = np.uint64(0xC4CEB9FE1A85EC53)
+_S33 = np.uint64(33)
+_S32 = np.uint64(32)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_HIGH32 = np.uint64(0xFFFFFFFF00000000)
+#: Elements of the padded key matrix built at once (bounds the memory of long keys).
+_MATRIX_ELEMENTS = 1 << 21
 
 
 def capacity_for(map_bytes: int, load_factor: float) -> int:
@@ -38,17 +60,179 @@ def capacity_for(map_bytes: int, load_factor: float) -> int:
     return int((map_bytes // SLOT_BYTES) * load_factor)
 
 
-def fingerprints(keys: Sequence[bytes], seed: int) -> tuple[U64, U32]:
+def _splitmix64(state: int, count: int) -> U64:
+    """``count`` SplitMix64 outputs from ``state``."""
+    x = np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN + np.uint64(state & (2**64 - 1))
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _fmix64(x: U64) -> U64:
+    """MurmurHash3's 64-bit finalizer (a bijection), in place."""
+    x ^= x >> _S33
+    x *= _MIX1
+    x ^= x >> _S33
+    x *= _MIX2
+    x ^= x >> _S33
+    return x
+
+
+class _Keying:
+    """The seed's NH key material (grown to the longest key seen) and length mixers."""
+
+    _cache: dict[int, _Keying] = {}
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed & (2**64 - 1)
+        self.words: U32 = np.zeros(0, dtype=np.uint32)
+        mixers = _splitmix64(self.seed ^ 0x6B766C6F67, 2)
+        self.length_mix = (np.uint64(mixers[0]), np.uint64(mixers[1]))
+
+    @classmethod
+    def of(cls, seed: int) -> _Keying:
+        keying = cls._cache.get(seed)
+        if keying is None:
+            if len(cls._cache) > 64:
+                cls._cache.clear()
+            keying = cls._cache[seed] = cls(seed)
+        return keying
+
+    def material(self, words: int) -> U32:
+        """At least ``words`` + 2 * (lanes - 1) 32-bit key words."""
+        need = words + 2 * (_LANES - 1)
+        if len(self.words) < need:
+            grown = max(need, 2 * len(self.words), 64)
+            self.words = _splitmix64(self.seed, (grown + 1) // 2).view(np.uint32)
+        return self.words
+
+
+def _binary(keys: pa.Array | pa.ChunkedArray | Sequence[bytes]) -> pa.BinaryArray:
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    if not isinstance(keys, pa.Array):
+        keys = pa.array(keys, type=pa.binary())
+    if keys.type != pa.binary():
+        keys = keys.cast(pa.binary())
+    if keys.null_count:
+        raise ValueError("keys must not be null")
+    return keys
+
+
+def _word_rows(keys: pa.BinaryArray, start: int, stop: int) -> tuple[U32, U64]:
+    """Keys ``start:stop`` as zero-padded rows of 32-bit words (two-word multiples), and their lengths."""
+    buffers = keys.buffers()
+    ends = np.frombuffer(buffers[1], dtype=np.int32, count=len(keys) + 1, offset=4 * keys.offset)
+    ends = ends[start : stop + 1].astype(np.int64)
+    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    lengths = np.diff(ends)
+    n = stop - start
+    width = int(lengths.max()) if n else 0
+    width = max(8, (width + 7) // 8 * 8)
+    matrix = np.zeros((n, width), dtype=np.uint8)
+    if n and int(lengths.min()) == int(lengths.max()):
+        length = int(lengths[0])
+        first = int(ends[0])
+        matrix[:, :length] = data[first : first + n * length].reshape(n, length)
+    elif n:
+        columns = np.arange(width)
+        inside = columns[None, :] < lengths[:, None]
+        matrix[inside] = data[(ends[:-1, None] + columns[None, :])[inside]]
+    return matrix.view("<u4"), lengths.astype(np.uint64)
+
+
+def _nh_lanes(words: U32, lengths: U64, material: U32) -> list[U64]:
+    """The NH sums of every row of ``words`` under each lane's shifted key material.
+
+    A row's padding beyond its own 8-byte chunks adds nothing, so a key's sums do not depend
+    on the other keys of the array.
+    """
+    columns = np.ascontiguousarray(words.T)
+    count, n = columns.shape
+    chunks = (lengths + np.uint64(7)) // np.uint64(8)
+    ragged = n > 0 and int(chunks.min()) != count // 2
+    left = np.empty(n, dtype=np.uint32)
+    right = np.empty(n, dtype=np.uint32)
+    wide_left = np.empty(n, dtype=np.uint64)
+    wide_right = np.empty(n, dtype=np.uint64)
+    sums = []
+    for lane in range(_LANES):
+        total = np.zeros(n, dtype=np.uint64)
+        for i in range(0, count, 2):
+            np.add(columns[i], material[2 * lane + i], out=left)
+            np.add(columns[i + 1], material[2 * lane + i + 1], out=right)
+            wide_left[:] = left
+            wide_right[:] = right
+            np.multiply(wide_left, wide_right, out=wide_left)
+            if ragged:
+                wide_left[chunks <= i // 2] = 0
+            total += wide_left
+        sums.append(total)
+    return sums
+
+
+def _fold(lanes: list[U64], lengths: U64, keying: _Keying) -> tuple[U64, U64]:
+    """Three NH lanes and the key lengths mixed into 64 + 32 bits."""
+    s0, s1, s2 = lanes
+    first_mix, second_mix = keying.length_mix
+    if len(lengths) and lengths.min() == lengths.max():  # one length: mix it once
+        one = lengths[:1]
+        s1 ^= _fmix64(one ^ first_mix)[0]
+        s2 ^= _fmix64(one ^ second_mix)[0]
+    else:
+        s1 ^= _fmix64(lengths ^ first_mix)
+        s2 ^= _fmix64(lengths ^ second_mix)
+    s0 += _fmix64(s1)
+    return _fmix64(s0), _fmix64(s2) >> _S32
+
+
+def fingerprints(keys: pa.Array | pa.ChunkedArray | Sequence[bytes], seed: int) -> tuple[U64, U32]:
     """The 96-bit fingerprints of ``keys`` as (high 64 bits, next 32 bits); never all zero."""
-    seed &= 2**64 - 1
-    digest = b"".join([xxhash.xxh3_128_digest(k, seed=seed) for k in keys])
-    words = np.frombuffer(digest, dtype=">u8").reshape(-1, 2)
-    hi = words[:, 0].astype(np.uint64)
-    lo = (words[:, 1] >> np.uint64(32)).astype(np.uint32)
+    binary = _binary(keys)
+    n = len(binary)
+    hi = np.empty(n, dtype=np.uint64)
+    lo = np.empty(n, dtype=np.uint32)
+    if n == 0:
+        return hi, lo
+    keying = _Keying.of(seed)
+    buffers = binary.buffers()
+    ends = np.frombuffer(buffers[1], dtype=np.int32, count=n + 1, offset=4 * binary.offset)
+    widest = max(8, int(np.diff(ends).max()))
+    rows = max(1, _MATRIX_ELEMENTS // widest)
+    for start in range(0, n, rows):
+        stop = min(n, start + rows)
+        words, lengths = _word_rows(binary, start, stop)
+        lanes = _nh_lanes(words, lengths, keying.material(words.shape[1]))
+        hi[start:stop], lo[start:stop] = _fold(lanes, lengths, keying)
     zero = (hi == 0) & (lo == 0)
     if zero.any():
         hi[zero] = 1
     return hi, lo
+
+
+def _groups_of_equal_fingerprints(hi: U64, lo: U32) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.bool_]]:
+    """An order grouping equal fingerprints (each group in input order) and where each group ends."""
+    n = len(hi)
+    index_bits = max(1, int(n - 1).bit_length())
+    if index_bits <= 24:
+        # Sort (high bits of the fingerprint | position) as one uint64: a group of equal
+        # fingerprints is then contiguous and in position order.
+        mask = np.uint64((1 << index_bits) - 1)
+        packed = (hi & ~mask) | np.arange(n, dtype=np.uint64)
+        packed.sort()
+        order = (packed & mask).astype(np.intp)
+        top_equal = (packed[1:] >> np.uint64(index_bits)) == (packed[:-1] >> np.uint64(index_bits))
+        sh, sl = hi[order], lo[order]
+        equal = (sh[1:] == sh[:-1]) & (sl[1:] == sl[:-1])
+        if np.array_equal(equal, top_equal):
+            ends = np.ones(n, dtype=bool)
+            ends[:-1] = ~equal
+            return order, ends
+    order = np.lexsort((np.arange(n), lo, hi))
+    sh, sl = hi[order], lo[order]
+    ends = np.ones(n, dtype=bool)
+    ends[:-1] = (sh[1:] != sh[:-1]) | (sl[1:] != sl[:-1])
+    return order, ends
 
 
 class OffsetMap:
@@ -60,21 +244,22 @@ class OffsetMap:
             raise ValueError(f"an offset map of {map_bytes} bytes cannot hold a single key")
         self.slots = slots
         self.capacity = int(slots * load_factor)
-        self._hi: U64 = np.zeros(slots, dtype=np.uint64)
-        self._lo: U32 = np.zeros(slots, dtype=np.uint32)
-        self._off: U32 = np.zeros(slots, dtype=np.uint32)
+        # One 16-byte row per slot, so a probe touches one cache line: the fingerprint's high
+        # 64 bits, then its low 32 bits above the 32-bit relative offset.
+        self._table: U64 = np.zeros((slots, 2), dtype=np.uint64)
+        self._flat: U64 = self._table.reshape(-1)
         self.size = 0
         self.base = 0
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the table's buffers."""
-        return int(self._hi.nbytes + self._lo.nbytes + self._off.nbytes)
+        """Bytes of the table's buffer."""
+        return int(self._table.nbytes)
 
     def clear(self, base: int = 0) -> None:
         """Empty the table for a new pass whose offsets start at ``base``."""
-        self._hi.fill(0)
-        self._lo.fill(0)
+        if self.size:
+            self._table.fill(0)
         self.size = 0
         self.base = base
 
@@ -85,31 +270,32 @@ class OffsetMap:
     def _home(self, hi: U64) -> npt.NDArray[np.int64]:
         return (hi % np.uint64(self.slots)).astype(np.int64)
 
-    def lookup(self, hi: U64, lo: U32) -> npt.NDArray[np.int64]:
+    def lookup(self, hi: U64, lo: U32) -> I64:
         """The absolute offset mapped for each fingerprint, -1 where absent."""
         n = len(hi)
         out = np.full(n, -1, dtype=np.int64)
         pos = self._home(hi)
+        tag = lo.astype(np.uint64) << _S32
         todo = np.arange(n)
         # At most ``slots`` probes: with load factor 1.0 a full table has no empty slot to stop at.
         for _probe in range(self.slots):
             if not len(todo):
                 break
-            p = pos[todo]
-            th, tl = self._hi[p], self._lo[p]
-            empty = (th == 0) & (tl == 0)
-            match = (th == hi[todo]) & (tl == lo[todo])
-            out[todo[match]] = self._off[p[match]].astype(np.int64) + self.base
-            keep = ~(empty | match)
-            todo = todo[keep]
+            rows = np.take(self._table, pos[todo], axis=0)
+            tags = rows[:, 1] & _HIGH32
+            match = (rows[:, 0] == hi[todo]) & (tags == tag[todo])
+            out[todo[match]] = (rows[match, 1] & _LOW32).astype(np.int64) + self.base
+            empty = (rows[:, 0] == 0) & (tags == 0)
+            todo = todo[~(empty | match)]
             pos[todo] = (pos[todo] + 1) % self.slots
         return out
 
-    def insert(self, hi: U64, lo: U32, offsets: npt.NDArray[np.int64]) -> int:
+    def insert(self, hi: U64, lo: U32, offsets: I64, superseded: BitMap | None = None) -> int:
         """Map fingerprints to offsets, in order (a later offset of the same key wins).
 
         Stops before the first record whose key would exceed the capacity and returns how
-        many records (a prefix) were mapped.
+        many records (a prefix) were mapped. ``superseded`` receives the offsets, relative to
+        the base, that the mapped records replace: earlier records of the same keys.
         """
         n = len(hi)
         if n == 0:
@@ -117,49 +303,61 @@ class OffsetMap:
         rel = offsets - self.base
         if rel.min() < 0 or rel.max() > MAX_RELATIVE_OFFSET:
             raise ValueError("offsets outside the pass's 32-bit relative range")
-        # Group equal fingerprints: a stable sort keeps each group's records in offset order.
-        order = np.lexsort((lo, hi))
-        shi, slo = hi[order], lo[order]
-        starts = np.ones(n, dtype=bool)
-        starts[1:] = (shi[1:] != shi[:-1]) | (slo[1:] != slo[:-1])
-        ends = np.ones(n, dtype=bool)
-        ends[:-1] = starts[1:]
-        first = order[starts]
-        last = order[ends]
-        new_key = np.zeros(n, dtype=bool)
-        new_key[first] = True
-        new_key[first[self.lookup(hi[first], lo[first]) >= 0]] = False
-        room = self.capacity - self.size
-        cumulative = np.cumsum(new_key)
-        if cumulative[-1] > room:
-            take = int(np.searchsorted(cumulative, room, side="right"))
-            return self.insert(hi[:take], lo[:take], offsets[:take]) if take else 0
-        self._place(hi[last], lo[last], rel[last].astype(np.uint32))
+        if self.size + n > self.capacity:
+            # Near capacity: count the keys that are new, in record order, to find the prefix.
+            order, ends = _groups_of_equal_fingerprints(hi, lo)
+            starts = np.ones(n, dtype=bool)
+            starts[1:] = ends[:-1]
+            first = order[starts]
+            new_key = np.zeros(n, dtype=bool)
+            new_key[first[self.lookup(hi[first], lo[first]) < 0]] = True
+            cumulative = np.cumsum(new_key)
+            if cumulative[-1] > self.capacity - self.size:
+                take = int(np.searchsorted(cumulative, self.capacity - self.size, side="right"))
+                return self.insert(hi[:take], lo[:take], offsets[:take], superseded) if take else 0
+        replaced = self._place(hi, lo, rel.astype(np.uint64))
+        if superseded is not None and len(replaced):
+            superseded.update(array.array("I", replaced.astype(np.uint32).tobytes()))
         return n
 
-    def _place(self, hi: U64, lo: U32, rel: U32) -> None:
-        """Insert distinct fingerprints (overwriting the offset of ones already present)."""
+    def _place(self, hi: U64, lo: U32, rel: U64) -> U64:
+        """Insert fingerprints, keeping the highest offset of each; return the offsets that lost.
+
+        Fingerprints may repeat: slots keep the maximum (``np.maximum.at``), so the outcome does
+        not depend on the order in which equal fingerprints are applied.
+        """
         pos = self._home(hi)
+        value = (lo.astype(np.uint64) << _S32) | rel
         todo = np.arange(len(hi))
+        lost: list[U64] = []
         while len(todo):
             p = pos[todo]
-            th, tl = self._hi[p], self._lo[p]
-            match = (th == hi[todo]) & (tl == lo[todo])
+            rows = np.take(self._table, p, axis=0)
+            tags = rows[:, 1] & _HIGH32
+            match = (rows[:, 0] == hi[todo]) & (tags == value[todo] & _HIGH32)
             if match.any():
-                self._off[p[match]] = rel[todo[match]]
-            empty = (th == 0) & (tl == 0)
-            done = match.copy()
+                slots = p[match]
+                mine = value[todo[match]]
+                np.maximum.at(self._flat, 2 * slots + 1, mine)
+                final = self._flat[2 * slots + 1]
+                before = rows[match, 1]
+                lost.append(before[before != final] & _LOW32)
+                lost.append(mine[mine != final] & _LOW32)
+            empty = (rows[:, 0] == 0) & (tags == 0)
+            settled = match
             if empty.any():
-                empty_local = np.nonzero(empty)[0]
-                # Several fingerprints may want one empty slot: the first takes it, the others
-                # stay put and see it occupied on the next step.
-                _, winners = np.unique(p[empty_local], return_index=True)
-                won_local = empty_local[winners]
-                won = todo[won_local]
-                wp = pos[won]
-                self._hi[wp], self._lo[wp], self._off[wp] = hi[won], lo[won], rel[won]
-                self.size += len(won)
-                done[won_local] = True
-            advance = ~match & ~empty
-            pos[todo[advance]] = (pos[todo[advance]] + 1) % self.slots
-            todo = todo[~done]
+                # Several fingerprints may want one empty slot: all write it, one write wins,
+                # and the others stay to meet it on the next step (as a match or a collision).
+                claim = todo[empty]
+                slots = p[empty]
+                self._flat[2 * slots] = hi[claim]
+                self._flat[2 * slots + 1] = value[claim]
+                written = np.take(self._table, slots, axis=0)
+                won = (written[:, 0] == hi[claim]) & (written[:, 1] == value[claim])
+                self.size += int(np.count_nonzero(won))
+                settled = match.copy()
+                settled[np.nonzero(empty)[0][won]] = True
+            occupied = ~match & ~empty
+            pos[todo[occupied]] = (pos[todo[occupied]] + 1) % self.slots
+            todo = todo[~settled]
+        return np.concatenate(lost) if lost else np.zeros(0, dtype=np.uint64)

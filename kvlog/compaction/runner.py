@@ -16,13 +16,17 @@ hold it) is retried with exponential backoff while the others go on.
 from __future__ import annotations
 
 import logging
+import math
+import shutil
 import threading
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kvlog.compaction.merger import PartitionFailure, run_job
-from kvlog.compaction.offset_map import OffsetMap, capacity_for
+from kvlog.compaction.offset_map import SLOT_BYTES, OffsetMap, capacity_for
 from kvlog.compaction.planner import BatchInfo, FileInfo, Plan, plan_compaction
+from kvlog.config import StoreConfig
 from kvlog.errors import KvlogError
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import BatchEntry, Commit, FileEntry
@@ -30,6 +34,7 @@ from kvlog.log.log import Log
 from kvlog.log.naming import data_file_name
 from kvlog.meta import MetaReader
 from kvlog.progress import progress
+from kvlog.storage.base import BytesLike
 
 __all__ = ["CompactionReport", "Compactor"]
 
@@ -63,6 +68,24 @@ class CompactionReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: Under the metadata cache directory: where jobs build their output files.
+SPILL_DIR = "compaction-spill"
+#: Spill directories older than this (left by crashed jobs) are deleted.
+STALE_SPILL_MS = 24 * 3600 * 1000
+
+
+def _map_bytes_for(plan: Plan, batches: dict[int, list[dict[str, Any]]], config: StoreConfig) -> int:
+    """The offset map a job needs: ``offset_map_bytes``, or less when no partition's dirty range
+    holds that many records (a pass maps at most one key per record)."""
+    most = 0
+    for partition, spec in plan.clean.items():
+        records = sum(int(b["n"]) for b in batches.get(partition, ())
+                      if int(b["last"]) >= spec.first_dirty and int(b["base"]) < spec.first_uncleanable)
+        most = max(most, records)
+    slots = math.ceil(max(most, 1) / config.offset_map_load_factor) + 1
+    return min(config.offset_map_bytes, slots * SLOT_BYTES)
 
 
 class Compactor:
@@ -132,7 +155,7 @@ class Compactor:
              report: CompactionReport) -> CompactionReport:
         written: list[FileEntry] = []
 
-        def write_file(data: bytes, entries: list[BatchEntry]) -> FileEntry:
+        def write_file(data: BytesLike, entries: list[BatchEntry]) -> FileEntry:
             file_id = self._log.new_id()
             path = data_file_name(plan.output_level, file_id)
             entry = FileEntry(file_id, path, plan.output_level, len(data), crc32c(data), tuple(entries))
@@ -142,19 +165,22 @@ class Compactor:
 
         offset_map = None
         if plan.kind == "clean":
-            offset_map = OffsetMap(self._config.offset_map_bytes, self._config.offset_map_load_factor)
+            offset_map = OffsetMap(_map_bytes_for(plan, batches, self._config),
+                                   self._config.offset_map_load_factor)
         total = sum(len(items) for items in batches.values())
+        spill_dir = self._spill_dir(now)
         try:
             with progress(f"compacting ({plan.kind})", total) as bar:
                 result = run_job(plan, batches, self._log.storage, write_file, offset_map,
                                  self._log.identity.fingerprint_seed, self._config, now,
-                                 target_file_bytes=self._target, progress=bar.advance)
+                                 target_file_bytes=self._target, progress=bar.advance, spill_dir=spill_dir)
         except PartitionFailure as e:
             self._fail(e.partition, e, now)
             self._discard(written)
             raise
         finally:
             del offset_map
+            shutil.rmtree(spill_dir, ignore_errors=True)
         for p in batches:  # every partition the job read and wrote (merges and copies too)
             self.failures.pop(p, None)
         cleaner = {str(p): {"checkpoint": end, "last_round_ms": now, "partial": end < plan.clean[p].first_uncleanable}
@@ -185,9 +211,25 @@ class Compactor:
         report.bytes_read = result.bytes_read
         report.bytes_written = result.bytes_written
         report.files_out = len(result.outputs)
-        report.map_capacity = result.map_capacity or report.map_capacity
         report.checkpoints = dict(result.checkpoints)
         return report
+
+    def _spill_dir(self, now_ms: int) -> Path:
+        """A fresh local directory, beside the metadata cache, where this job builds its outputs.
+
+        Directories that crashed jobs left behind are deleted once a day old.
+        """
+        root = self._log.env.path / SPILL_DIR
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.iterdir():
+            try:
+                if stale.stat().st_mtime * 1000 < now_ms - STALE_SPILL_MS:
+                    shutil.rmtree(stale, ignore_errors=True)
+            except OSError:
+                continue
+        path = root / self._log.new_id()
+        path.mkdir()
+        return path
 
     def _discard(self, written: list[FileEntry]) -> None:
         for entry in written:

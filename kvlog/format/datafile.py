@@ -14,6 +14,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -74,10 +75,16 @@ def make_record_batch(
 
 
 class DataFileWriter:
-    """Builds one data file in memory, batch by batch."""
+    """Builds one data file batch by batch, in memory or in a local spill file."""
 
-    def __init__(self, compression: str = "zstd") -> None:
-        self._sink = pa.BufferOutputStream()
+    def __init__(self, compression: str = "zstd", spill_path: Path | None = None) -> None:
+        """With ``spill_path`` the file is written there and :meth:`finish_view` maps it, so it
+        never takes process memory; :meth:`close` then deletes it."""
+        self._spill_path = spill_path
+        self._sink: pa.NativeFile = (
+            pa.BufferOutputStream() if spill_path is None else pa.OSFile(str(spill_path), "wb")
+        )
+        self._mapped: pa.MemoryMappedFile | None = None
         codec = None if compression == "none" else compression
         self._writer = ipc.new_file(
             self._sink, SCHEMA, options=ipc.IpcWriteOptions(compression=codec)
@@ -103,11 +110,22 @@ class DataFileWriter:
 
     def finish(self) -> tuple[bytes, list[BatchLocation]]:
         """The file's bytes and the location of every batch, in the order they were added."""
+        view, locations = self.finish_view()
+        return view.tobytes(), locations
+
+    def finish_view(self) -> tuple[memoryview, list[BatchLocation]]:
+        """As :meth:`finish`, but the bytes are a read-only view of the writer's own buffer (no copy)."""
         if self._finished:
             raise ValueError("data file already finished")
         self._finished = True
         self._writer.close()
-        data = self._sink.getvalue().to_pybytes()
+        if self._spill_path is None:
+            assert isinstance(self._sink, pa.BufferOutputStream)
+            data = memoryview(self._sink.getvalue()).cast("B").toreadonly()
+        else:
+            self._sink.close()
+            self._mapped = pa.memory_map(str(self._spill_path), "r")
+            data = memoryview(self._mapped.read_buffer()).cast("B").toreadonly()
         first_batch = _first_message_end(data)
         locations = []
         for index, (start, end, count, nbytes, lo, hi) in enumerate(self._spans):
@@ -119,7 +137,19 @@ class DataFileWriter:
         return data, locations
 
 
-def _first_message_end(data: bytes) -> int:
+    def close(self) -> None:
+        """Release the spill file (if any): unmap and delete it."""
+        if self._spill_path is None:
+            return
+        if self._mapped is not None:
+            self._mapped.close()
+            self._mapped = None
+        if not self._sink.closed:
+            self._sink.close()
+        self._spill_path.unlink(missing_ok=True)
+
+
+def _first_message_end(data: bytes | memoryview) -> int:
     """Offset just past the schema message that follows the file magic."""
     if data[:8] != _MAGIC or data[8:12] != _CONTINUATION:
         raise ValueError("not an Arrow IPC file")

@@ -58,6 +58,30 @@ def test_fingerprints_are_96_bits_seeded_and_deterministic() -> None:
     assert other_hi.tolist() != hi.tolist()
 
 
+@settings(max_examples=100, deadline=None)
+@given(keys=st.lists(st.binary(min_size=1, max_size=70), min_size=1, max_size=12), cut=st.integers(0, 12))
+def test_a_keys_fingerprint_does_not_depend_on_its_neighbours(keys: list[bytes], cut: int) -> None:
+    """Alone, among longer or shorter keys, in a sliced or chunked Arrow array: one fingerprint."""
+    import pyarrow as pa
+
+    alone = [fingerprints([k], SEED) for k in keys]
+    together = fingerprints(keys, SEED)
+    sliced = fingerprints(pa.array([b"x" * 100, *keys], pa.binary()).slice(1), SEED)
+    chunked = fingerprints(pa.chunked_array([pa.array(keys[:cut], pa.binary()), pa.array(keys[cut:], pa.binary())]),
+                           SEED)
+    for i, (hi, lo) in enumerate(alone):
+        for other in (together, sliced, chunked):
+            assert (int(other[0][i]), int(other[1][i])) == (int(hi[0]), int(lo[0]))
+    distinct = {(int(h), int(lo)) for h, lo in zip(*together, strict=True)}
+    assert len(distinct) == len(set(keys))
+
+
+def test_keys_of_different_lengths_with_zero_padding_differ() -> None:
+    keys = [b"a", b"a\x00", b"a\x00\x00\x00\x00\x00\x00\x00", b"a" + bytes(8), b"\x00", b"\x00" * 9]
+    hi, lo = fingerprints(keys, SEED)
+    assert len({(int(h), int(v)) for h, v in zip(hi, lo, strict=True)}) == len(keys)
+
+
 def test_a_map_that_cannot_hold_one_key_is_refused() -> None:
     with pytest.raises(ValueError):
         OffsetMap(15, 1.0)
@@ -152,16 +176,18 @@ def test_clear_empties_the_map_for_reuse() -> None:
 
 
 def test_an_all_zero_fingerprint_is_never_the_empty_mark(monkeypatch: pytest.MonkeyPatch) -> None:
-    class ZeroHash:
-        """A hash whose digest of one key is all zero bits (the empty-slot pattern)."""
+    real_fold = offset_map_module._fold
 
-        @staticmethod
-        def xxh3_128_digest(key: bytes, seed: int = 0) -> bytes:
-            return bytes(16) if key == b"zero" else bytes([1] * 16)
+    def zero_first(lanes, lengths, keying):  # type: ignore[no-untyped-def]
+        """The real folding, except that the first key's fingerprint is all zero bits (the empty mark)."""
+        hi, lo = real_fold(lanes, lengths, keying)
+        hi[0], lo[0] = 0, 0
+        return hi, lo
 
-    monkeypatch.setattr(offset_map_module, "xxhash", ZeroHash)
+    monkeypatch.setattr(offset_map_module, "_fold", zero_first)
     hi, lo = fingerprints([b"zero", b"one"], SEED)
     assert (int(hi[0]), int(lo[0])) != (0, 0)
+    assert (int(hi[1]), int(lo[1])) != (0, 0)
     table = OffsetMap(1024)
     assert table.insert(hi[:1], lo[:1], offsets(7)) == 1
     assert table.size == 1
