@@ -51,6 +51,8 @@ __all__ = ["JobResult", "OutputWriter", "PartitionFailure", "run_job", "OUTPUT_B
 
 #: Records per output batch at most.
 OUTPUT_BATCH_RECORDS = 65_536
+#: Records fingerprinted and mapped at once.
+MAP_CHUNK_RECORDS = 65_536
 
 
 class PartitionFailure(KvlogError):
@@ -113,6 +115,9 @@ class _Streams:
                 if i + 1 < len(batches):
                     pending = pool.submit(self.read, which, batches[i + 1])
                 yield batch, current.result()
+                # Decoded batches are allocated by the reading thread and freed by this one;
+                # let Arrow's allocator hand such memory back rather than keep it for that thread.
+                pa.default_memory_pool().release_unused()
 
     def close(self) -> None:
         for stream in self._open.values():
@@ -279,9 +284,6 @@ def run_job(
                 if isinstance(e, PartitionFailure):
                     raise
                 raise PartitionFailure(partition, e) from e
-            # Decoded batches are allocated by the reading thread and freed by this one; let
-            # Arrow's allocator hand such memory back instead of keeping it for that thread.
-            pa.default_memory_pool().release_unused()
             if progress is not None:
                 progress(len(batches))
         result.outputs = output.finish()
@@ -324,17 +326,17 @@ def _pass_one(first_dirty: int, first_uncleanable: int, batches: Sequence[Mappin
     dirty = [b for b in batches if b["last"] >= first_dirty and b["base"] < limit]
     for batch, record_batch in streams.read_ahead("A", dirty):
         offsets = _offsets(batch)
-        start, stop = np.searchsorted(offsets, [first_dirty, limit])
-        if start >= stop:
-            continue
-        keys = record_batch.column(0).slice(int(start), int(stop - start))
-        selected = offsets[start:stop]
-        hi, lo = fingerprints(keys, seed)
-        mapped = offset_map.insert(hi, lo, selected, superseded)
-        if mapped:
-            last_mapped = int(selected[mapped - 1])
-        if mapped < len(selected):
-            return last_mapped + 1
+        start, stop = (int(i) for i in np.searchsorted(offsets, [first_dirty, limit]))
+        keys = record_batch.column(0)
+        for chunk in range(start, stop, MAP_CHUNK_RECORDS):  # bounds the temporaries of large batches
+            end = min(stop, chunk + MAP_CHUNK_RECORDS)
+            selected = offsets[chunk:end]
+            hi, lo = fingerprints(keys.slice(chunk, end - chunk), seed)
+            mapped = offset_map.insert(hi, lo, selected, superseded)
+            if mapped:
+                last_mapped = int(selected[mapped - 1])
+            if mapped < len(selected):
+                return last_mapped + 1
     return limit
 
 
