@@ -53,6 +53,8 @@ __all__ = ["JobResult", "OutputWriter", "PartitionFailure", "run_job", "OUTPUT_B
 OUTPUT_BATCH_RECORDS = 65_536
 #: Records fingerprinted and mapped at once.
 MAP_CHUNK_RECORDS = 65_536
+#: Decoded input bytes between two returns of unused Arrow memory to the system.
+RELEASE_EVERY_BYTES = 16 * 2**20
 
 
 class PartitionFailure(KvlogError):
@@ -85,6 +87,7 @@ class _Streams:
         self._storage = storage
         self._open: dict[tuple[str, str], ForwardStream] = {}
         self.bytes_read = 0
+        self._since_release = 0
 
     def read(self, which: str, batch: Mapping[str, Any]) -> pa.RecordBatch:
         key = (which, batch["path"])
@@ -114,10 +117,14 @@ class _Streams:
                 current = pending
                 if i + 1 < len(batches):
                     pending = pool.submit(self.read, which, batches[i + 1])
-                yield batch, current.result()
-                # Decoded batches are allocated by the reading thread and freed by this one;
-                # let Arrow's allocator hand such memory back rather than keep it for that thread.
-                pa.default_memory_pool().release_unused()
+                records = current.result()
+                yield batch, records
+                # Decoded batches are allocated by the reading thread and freed by this one: every
+                # RELEASE_EVERY_BYTES, let Arrow's allocator hand such memory back rather than keep it.
+                self._since_release += records.nbytes
+                if self._since_release >= RELEASE_EVERY_BYTES:
+                    self._since_release = 0
+                    pa.default_memory_pool().release_unused()
 
     def close(self) -> None:
         for stream in self._open.values():
