@@ -863,6 +863,9 @@ def run_compaction_benchmarks(
         target = out / name
         target.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n", encoding="utf-8")
         document["path"] = str(target)
+        from kvlog.bench.report import plot
+
+        document["plots"] = [str(path) for path in plot(document, target)]
     return document
 
 
