@@ -861,11 +861,11 @@ def run_compaction_benchmarks(
         out.mkdir(parents=True, exist_ok=True)
         name = "compaction.json" if chosen.mode == "full" else f"compaction-{chosen.mode}.json"
         target = out / name
-        target.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-        document["path"] = str(target)
         from kvlog.bench.report import plot
 
         document["plots"] = [str(path) for path in plot(document, target)]
+        target.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+        document["path"] = str(target)
     return document
 
 

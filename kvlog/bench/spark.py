@@ -523,11 +523,11 @@ def run_spark_benchmarks(
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         target = out / ("spark.json" if chosen.mode == "full" else f"spark-{chosen.mode}.json")
-        target.write_text(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
-        document["path"] = str(target)
         from kvlog.bench.report import plot
 
         document["plots"] = [str(path) for path in plot(document, target)]
+        target.write_text(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
+        document["path"] = str(target)
     return document
 
 
