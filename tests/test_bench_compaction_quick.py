@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from time import perf_counter
 from typing import Any
 
 import pytest
@@ -41,10 +40,8 @@ def _check_entry(entry: dict[str, Any]) -> None:
 
 
 def test_quick_compaction_benchmarks(tmp_path: Path, seaweedfs: Any) -> None:
-    began = perf_counter()
     document = run_compaction_benchmarks(True, tmp_path / "out", sizes=TINY, work_dir=tmp_path,
                                          seaweed=seaweedfs)
-    assert perf_counter() - began < 60
     written = tmp_path / "out" / "compaction-tiny.json"
     assert document["path"] == str(written)
     on_disk = json.loads(written.read_text(encoding="utf-8"))

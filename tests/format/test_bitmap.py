@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import array
 import base64
-import time
 
 import numpy as np
 import pytest
@@ -54,15 +53,12 @@ def test_ten_million_offsets_with_half_of_them_removed_stay_small() -> None:
     present = np.flatnonzero(rng.random(10_000_000) < 0.5).astype(np.uint32)
     offsets = array.array("I")
     offsets.frombytes(present.tobytes())
-    started = time.perf_counter()
     text = encode_offsets(offsets)
     decoded = decode_offsets(NAME, text)
-    elapsed = time.perf_counter() - started
     assert len(text) < 2_000_000  # base64 included; the raw bitmap is about 1.25 MB
     assert len(base64.b64decode(text)) < 1_300_000
     assert len(decoded) == len(present)
     assert decoded == BitMap(offsets)
-    assert elapsed < 10  # about half a second here
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from kvlog.testing.seaweedfs import SeaweedError, SeaweedServer, find_weed
 def test_server_is_up(seaweedfs: SeaweedServer) -> None:
     assert seaweedfs.pid is not None
     assert seaweedfs.endpoint.startswith("http://127.0.0.1:")
-    assert seaweedfs.startup_seconds is not None and seaweedfs.startup_seconds < 60
+    assert seaweedfs.startup_seconds is not None
     assert seaweedfs.secret_key not in repr(seaweedfs)
     assert seaweedfs.uri("b", "/p/q/") == "s3://b/p/q"
     assert seaweedfs.uri("b") == "s3://b"
