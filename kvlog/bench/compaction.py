@@ -64,7 +64,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 import kvlog
-from kvlog.bench.data import median
+from kvlog.bench.data import KEY_BYTES, key_bytes, keys_at, median
 from kvlog.bench.machine import machine_info
 from kvlog.bench.rss import RssSampler
 from kvlog.clock import SystemClock
@@ -80,7 +80,6 @@ __all__ = ["Sizes", "FULL", "QUICK", "TINY", "SCHEMA", "run_compaction_benchmark
 
 SCHEMA = "kvlog-bench-compaction/1"
 MiB = 1024 * 1024
-KEY_BYTES = 16
 #: DESIGN §8: at least 7 M distinct keys per 128 MiB of offset map.
 GOAL_KEYS_PER_128_MIB = 7_000_000
 KAFKA_ENTRY_BYTES = 24
@@ -196,31 +195,9 @@ def _failed(bench_id: str, title: str, status: str, reason: str) -> dict[str, An
             "subject": None, "anchors": [], "ratios": {}}
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-_SALT = np.uint64(0xD6E8FEB86659FD93)
-
-
-def _splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    z = x + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return z ^ (z >> np.uint64(31))
-
-
-def key_bytes(indices: npt.NDArray[np.uint64], seed: int = 0) -> bytes:
-    """The keys of ``indices`` back to back, 16 bytes each (as :func:`kvlog.bench.data.keys_at`)."""
-    idx = indices.astype(np.uint64) ^ np.uint64(seed)
-    words = np.empty((len(idx), 2), dtype=">u8")
-    words[:, 0] = _splitmix64(idx)
-    words[:, 1] = _splitmix64(idx ^ _SALT)
-    return words.tobytes()
-
-
 def key_list(indices: npt.NDArray[np.uint64], seed: int = 0) -> list[bytes]:
-    raw = key_bytes(indices, seed)
-    return [raw[i : i + KEY_BYTES] for i in range(0, len(raw), KEY_BYTES)]
+    """The keys of ``indices`` (as :func:`kvlog.bench.data.keys_at`)."""
+    return keys_at(indices, seed)
 
 
 def ascending_key_order(n: int, seed: int = 0) -> npt.NDArray[np.uint64]:

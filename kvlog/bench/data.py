@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["KEY_BYTES", "VALUE_BYTES", "keys_at", "make_keys", "make_values", "percentiles", "median"]
+__all__ = ["KEY_BYTES", "VALUE_BYTES", "key_bytes", "keys_at", "make_keys", "make_values", "percentiles", "median"]
 
 KEY_BYTES = 16
 VALUE_BYTES = 100
@@ -39,13 +39,18 @@ def make_keys(start: int, count: int, seed: int = 0) -> list[bytes]:
     return keys_at(np.arange(start, start + count, dtype=np.uint64), seed)
 
 
-def keys_at(indices: npt.NDArray[np.uint64], seed: int = 0) -> list[bytes]:
-    """Keys of the records at ``indices`` (the same keys :func:`make_keys` gives them)."""
+def key_bytes(indices: npt.NDArray[np.uint64], seed: int = 0) -> bytes:
+    """The keys of the records at ``indices`` back to back, ``KEY_BYTES`` each."""
     idx = indices.astype(np.uint64) ^ np.uint64(seed)
     words = np.empty((len(idx), 2), dtype=">u8")
     words[:, 0] = _splitmix64(idx)
     words[:, 1] = _splitmix64(idx ^ _SALT)
-    raw = words.tobytes()
+    return words.tobytes()
+
+
+def keys_at(indices: npt.NDArray[np.uint64], seed: int = 0) -> list[bytes]:
+    """Keys of the records at ``indices`` (the same keys :func:`make_keys` gives them)."""
+    raw = key_bytes(indices, seed)
     return [raw[i : i + KEY_BYTES] for i in range(0, len(raw), KEY_BYTES)]
 
 

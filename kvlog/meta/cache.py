@@ -142,6 +142,17 @@ def index_lookup(env: LmdbEnv, key: bytes) -> IndexEntry | None:
     return _decode_index(lmdb_key, value)[1]
 
 
+def _scan_bounds(start: bytes | None, stop: bytes | None, prefix: bytes | None) -> tuple[bytes | None, bytes | None]:
+    """The key range ``[lower, upper)`` of a scan from ``start`` to ``stop`` within ``prefix``."""
+    lower, upper = start, stop
+    if prefix:
+        lower = prefix if lower is None or lower < prefix else lower
+        successor = prefix_successor(prefix)
+        if successor is not None and (upper is None or successor < upper):
+            upper = successor
+    return lower, upper
+
+
 class MetaReader:
     """Reads within one LMDB transaction (a consistent snapshot)."""
 
@@ -258,13 +269,7 @@ class MetaReader:
         reverse: bool = False,
     ) -> Iterator[tuple[bytes, IndexEntry]]:
         """Index entries in true key order (or reverse), ``start <= key < stop``, with ``prefix``."""
-        lower = start
-        upper = stop
-        if prefix:
-            lower = prefix if lower is None or lower < prefix else lower
-            successor = prefix_successor(prefix)
-            if successor is not None and (upper is None or successor < upper):
-                upper = successor
+        lower, upper = _scan_bounds(start, stop, prefix)
         if lower is not None and upper is not None and lower >= upper:
             return
         with self.txn.cursor(db=self._db["index"]) as cur:
@@ -290,13 +295,7 @@ class MetaReader:
         """Forward scan of ``(key, inline value)`` lists while entries are short keys with inline
         values; returns None at the end of the range, or the lower bound from which the rest must
         be read with :meth:`index_scan` (at the first other entry)."""
-        lower = start
-        upper = stop
-        if prefix:
-            lower = prefix if lower is None or lower < prefix else lower
-            successor = prefix_successor(prefix)
-            if successor is not None and (upper is None or successor < upper):
-                upper = successor
+        lower, upper = _scan_bounds(start, stop, prefix)
         if lower is not None and upper is not None and lower >= upper:
             return None
         head = _INDEX_HEAD.size
