@@ -66,6 +66,7 @@ import pyarrow.ipc as ipc
 import kvlog
 from kvlog.bench.data import KEY_BYTES, key_bytes, keys_at, median
 from kvlog.bench.machine import machine_info
+from kvlog.bench.report import save_results, text_table
 from kvlog.bench.rss import RssSampler
 from kvlog.clock import SystemClock
 from kvlog.compaction.offset_map import SLOT_BYTES, OffsetMap, capacity_for, fingerprints
@@ -171,7 +172,7 @@ def _measure(key: str, name: str, unit: str, runs: Sequence[float], **extra: Any
 
 def _entry(bench_id: str, title: str, method: str, subject: dict[str, Any], anchors: list[dict[str, Any]],
            *, higher_is_better: bool, seconds: float, goal: dict[str, Any] | None = None,
-           **extra: Any) -> dict[str, Any]:
+           group: str = "compaction", **extra: Any) -> dict[str, Any]:
     """A benchmark's entry, in the shape of the general suite's (``kvlog.bench.suite``)."""
     ratios: dict[str, dict[str, float | None]] = {}
     for anchor in anchors:
@@ -180,7 +181,7 @@ def _entry(bench_id: str, title: str, method: str, subject: dict[str, Any], anch
         speedup = None if not ratio else (ratio if higher_is_better else 1.0 / ratio)
         ratios[anchor["key"]] = {"ratio": ratio, "speedup": speedup}
     entry: dict[str, Any] = {
-        "id": bench_id, "group": "compaction", "title": title, "status": "ok",
+        "id": bench_id, "group": group, "title": title, "status": "ok",
         "unit": subject["unit"], "higher_is_better": higher_is_better, "method": method,
         "subject": subject, "anchors": anchors, "ratios": ratios, "seconds": seconds,
     }
@@ -835,14 +836,8 @@ def run_compaction_benchmarks(
     }
     if write:
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
         name = "compaction.json" if chosen.mode == "full" else f"compaction-{chosen.mode}.json"
-        target = out / name
-        from kvlog.bench.report import plot
-
-        document["plots"] = [str(path) for path in plot(document, target)]
-        target.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-        document["path"] = str(target)
+        save_results(document, out / name)
     return document
 
 
@@ -858,34 +853,20 @@ def _fmt(value: Any, unit: str) -> str:
     return f"{value:,} {unit}" if isinstance(value, int) else f"{value:,.3f} {unit}"
 
 
+def _notes(e: dict[str, Any]) -> list[str]:
+    if e["id"].startswith("compaction.memory"):
+        s = e["subject"]
+        return [f"{'':>18} peak {s['peak_mib']:.1f} MiB, baseline {s['baseline_mib']:.1f} MiB"]
+    if e["id"] == "compaction.requests_s3":
+        return [f"{'':>18} {r['input_files']:>2} files: {r['stream_gets']} stream, {r['gets']} GETs, "
+                f"{r['puts']} PUTs {r['requests']}" for r in e["subject"]["rows"]]
+    return []
+
+
 def format_table(document: dict[str, Any]) -> str:
     """The results as a plain-text table: figure, anchors, ratios, goal."""
-    lines = [f"kvlog compaction benchmarks ({document['mode']}, {document['date']}, "
-             f"{document['wall_seconds']:.0f} s; load {document['machine'].get('loadavg_start')} -> "
-             f"{document['machine'].get('loadavg_end')})"]
-    header = f"{'benchmark':<28} {'kvlog':>18} {'anchor':<44} {'ratio':>8}  goal"
-    lines += [header, "-" * len(header)]
-    for e in document["benchmarks"]:
-        if e["status"] != "ok":
-            lines.append(f"{e['id']:<28} {e['status']}: {e.get('reason', '')[:100]}")
-            continue
-        subject = _fmt(e["subject"]["value"], e["unit"])
-        goal = e.get("goal")
-        verdict = "" if goal is None else f"{'met' if goal.get('met') else 'NOT met'}: {goal['text']}"
-        for i, anchor in enumerate(e["anchors"]):
-            ratio = e["ratios"][anchor["key"]]["ratio"]
-            text = f"{anchor['name'][:30]} {_fmt(anchor['value'], anchor['unit'])}"
-            lines.append(f"{e['id'] if i == 0 else '':<28} {subject if i == 0 else '':>18} {text:<44} "
-                         f"{'-' if ratio is None else f'{ratio:.3f}x':>8}  {verdict if i == 0 else ''}")
-        if e["id"].startswith("compaction.memory"):
-            s = e["subject"]
-            lines.append(f"{'':<28} {'':>18} peak {s['peak_mib']:.1f} MiB, baseline "
-                         f"{s['baseline_mib']:.1f} MiB")
-        if e["id"] == "compaction.requests_s3":
-            for r in e["subject"]["rows"]:
-                lines.append(f"{'':<28} {'':>18} {r['input_files']:>2} files: {r['stream_gets']} stream, "
-                             f"{r['gets']} GETs, {r['puts']} PUTs {r['requests']}")
-    return "\n".join(lines)
+    return text_table(document, "kvlog compaction benchmarks", _fmt, id_width=28, anchor_width=44, name_width=30,
+                      notes=_notes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

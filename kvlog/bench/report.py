@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["render_table", "write_json", "plot", "format_value", "format_ms", "rows", "markdown"]
+__all__ = ["render_table", "write_json", "save_results", "text_table", "plot", "format_value", "format_ms",
+           "rows", "markdown"]
 
 
 def format_value(value: float | None, unit: str) -> str:
@@ -119,9 +121,41 @@ def write_json(document: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(target.suffix + ".tmp")
-    tmp.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
     os.replace(tmp, target)
     return target
+
+
+def save_results(document: dict[str, Any], target: Path) -> None:
+    """Draw the plots of ``document`` beside ``target``, then write it there (listing them)."""
+    document["plots"] = [str(path) for path in plot(document, target)]
+    write_json(document, target)
+    document["path"] = str(target)
+
+
+def text_table(document: dict[str, Any], title: str, fmt: Callable[[Any, str], str], *, id_width: int,
+               anchor_width: int, name_width: int,
+               notes: Callable[[dict[str, Any]], list[str]] = lambda entry: []) -> str:
+    """A group's results as a plain-text table: figure, anchors, ratios, goal, then ``notes(entry)``."""
+    lines = [f"{title} ({document['mode']}, {document['date']}, {document['wall_seconds']:.0f} s; load "
+             f"{document['machine'].get('loadavg_start')} -> {document['machine'].get('loadavg_end')})"]
+    header = f"{'benchmark':<{id_width}} {'kvlog':>18} {'anchor':<{anchor_width}} {'ratio':>8}  goal"
+    lines += [header, "-" * len(header)]
+    for e in document["benchmarks"]:
+        if e["status"] != "ok":
+            lines.append(f"{e['id']:<{id_width}} {e['status']}: {e.get('reason', '')[:100]}")
+            continue
+        subject = fmt(e["subject"]["value"], e["unit"])
+        goal = e.get("goal")
+        verdict = "" if goal is None else f"{'met' if goal.get('met') else 'NOT met'}: {goal['text']}"
+        for i, anchor in enumerate(e["anchors"]):
+            ratio = e["ratios"][anchor["key"]]["ratio"]
+            text = f"{anchor['name'][:name_width]} {fmt(anchor['value'], anchor['unit'])}"
+            lines.append(f"{e['id'] if i == 0 else '':<{id_width}} {subject if i == 0 else '':>18} "
+                         f"{text:<{anchor_width}} {'-' if ratio is None else f'{ratio:.3f}x':>8}  "
+                         f"{verdict if i == 0 else ''}")
+        lines += [f"{'':<{id_width}} {line}" for line in notes(e)]
+    return "\n".join(lines)
 
 
 def plot(document: dict[str, Any], out_json: str | os.PathLike[str]) -> list[Path]:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import shutil
 import tempfile
@@ -56,8 +55,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from kvlog.bench.compaction import _entry as compaction_entry
 from kvlog.bench.compaction import _loadavg, _measure, _partition_table, bulk_load, io_floor
 from kvlog.bench.machine import machine_info
+from kvlog.bench.report import save_results, text_table
 from kvlog.clock import SystemClock
 
 __all__ = ["Sizes", "FULL", "QUICK", "TINY", "SCHEMA", "run_spark_benchmarks", "format_table", "main"]
@@ -118,21 +119,8 @@ METHOD = (
 def _entry(bench_id: str, title: str, method: str, subject: dict[str, Any], anchors: list[dict[str, Any]],
            *, higher_is_better: bool, seconds: float, goal: dict[str, Any] | None = None,
            **extra: Any) -> dict[str, Any]:
-    ratios: dict[str, dict[str, float | None]] = {}
-    for anchor in anchors:
-        value = anchor["value"]
-        ratio = subject["value"] / value if value else None
-        speedup = None if not ratio else (ratio if higher_is_better else 1.0 / ratio)
-        ratios[anchor["key"]] = {"ratio": ratio, "speedup": speedup}
-    entry: dict[str, Any] = {
-        "id": bench_id, "group": "spark", "title": title, "status": "ok", "unit": subject["unit"],
-        "higher_is_better": higher_is_better, "method": method, "subject": subject, "anchors": anchors,
-        "ratios": ratios, "seconds": seconds,
-    }
-    if goal is not None:
-        entry["goal"] = goal
-    entry.update(extra)
-    return entry
+    return compaction_entry(bench_id, title, method, subject, anchors, higher_is_better=higher_is_better,
+                            seconds=seconds, goal=goal, group="spark", **extra)
 
 
 def _failed(bench_id: str, title: str, status: str, reason: str) -> dict[str, Any]:
@@ -521,13 +509,7 @@ def run_spark_benchmarks(
     }
     if write:
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        target = out / ("spark.json" if chosen.mode == "full" else f"spark-{chosen.mode}.json")
-        from kvlog.bench.report import plot
-
-        document["plots"] = [str(path) for path in plot(document, target)]
-        target.write_text(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
-        document["path"] = str(target)
+        save_results(document, out / ("spark.json" if chosen.mode == "full" else f"spark-{chosen.mode}.json"))
     return document
 
 
@@ -541,29 +523,15 @@ def _fmt(value: Any, unit: str) -> str:
     return f"{value:,.2f} {unit}"
 
 
+def _notes(e: dict[str, Any]) -> list[str]:
+    x = e.get("extrapolation")
+    return [f"extrapolated to {x['records']:,} records: {x['seconds_linear']:,.0f} s"] if x else []
+
+
 def format_table(document: dict[str, Any]) -> str:
     """The results as a plain-text table: figure, anchors, ratios, goal."""
-    lines = [f"kvlog Spark benchmarks ({document['mode']}, {document['date']}, "
-             f"{document['wall_seconds']:.0f} s; load {document['machine'].get('loadavg_start')} -> "
-             f"{document['machine'].get('loadavg_end')})"]
-    header = f"{'benchmark':<22} {'kvlog':>18} {'anchor':<50} {'ratio':>8}  goal"
-    lines += [header, "-" * len(header)]
-    for e in document["benchmarks"]:
-        if e["status"] != "ok":
-            lines.append(f"{e['id']:<22} {e['status']}: {e.get('reason', '')[:100]}")
-            continue
-        subject = _fmt(e["subject"]["value"], e["unit"])
-        goal = e.get("goal")
-        verdict = "" if goal is None else f"{'met' if goal.get('met') else 'NOT met'}: {goal['text']}"
-        for i, anchor in enumerate(e["anchors"]):
-            ratio = e["ratios"][anchor["key"]]["ratio"]
-            text = f"{anchor['name'][:34]} {_fmt(anchor['value'], anchor['unit'])}"
-            lines.append(f"{e['id'] if i == 0 else '':<22} {subject if i == 0 else '':>18} {text:<50} "
-                         f"{'-' if ratio is None else f'{ratio:.3f}x':>8}  {verdict if i == 0 else ''}")
-        if e.get("extrapolation"):
-            x = e["extrapolation"]
-            lines.append(f"{'':<22} extrapolated to {x['records']:,} records: {x['seconds_linear']:,.0f} s")
-    return "\n".join(lines)
+    return text_table(document, "kvlog Spark benchmarks", _fmt, id_width=22, anchor_width=50, name_width=34,
+                      notes=_notes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
