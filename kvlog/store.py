@@ -105,6 +105,7 @@ class Store:
             pid = producer_id if producer_id is not None else self._own_producer_id()
             producer = log.producer(pid)
             self._flusher = Flusher(log, producer.producer_id, producer.epoch, self._memtable)
+            log.apply_guard = self._memtable.lock  # writers pause while a commit is applied
             if self.config.flush_interval_ms > 0:
                 self._flusher.start()
             self._compactor = Compactor(log)

@@ -67,6 +67,10 @@ def rows(document: dict[str, Any]) -> list[dict[str, str]]:
                 row["result"] = {True: "pass", False: "MISS", None: "-"}[goal["met"]]
                 if "metric" in goal and goal.get("value") is not None:
                     row["note"] = f"growth {goal['value']:.1f} MiB"
+                bound = entry.get("lower_bound", {}).get("put_floor")
+                if bound and anchor["value"]:
+                    row["note"] = (f"lower bound of any Python put() + LMDB index: "
+                                   f"{bound['value'] / anchor['value']:.2f}x")
             out.append(row)
     return out
 

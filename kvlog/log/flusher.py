@@ -209,6 +209,10 @@ class Flusher:
         with self._lock:
             over = self._buffered_bytes + self._inflight_bytes > self._max_unflushed
             full = self._buffered_bytes >= self._flush_bytes
+            if full and not over and self._thread is not None:
+                # The background flush is (being) kicked: writes need no attention until the
+                # bound is passed; the next flush resets the trigger.
+                self._trigger = max(self._trigger, self._max_unflushed - self._inflight_bytes + 1)
         if self._thread is None:
             if over or full:  # without a background flusher the writer flushes itself
                 self.flush()
