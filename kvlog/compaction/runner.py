@@ -32,6 +32,7 @@ from kvlog.format.checksum import crc32c
 from kvlog.format.commit import BatchEntry, Commit, FileEntry
 from kvlog.log.log import Log
 from kvlog.log.naming import data_file_name
+from kvlog.memory import release_unused_memory
 from kvlog.meta import MetaReader
 from kvlog.progress import progress
 from kvlog.storage.base import BytesLike
@@ -171,9 +172,17 @@ class Compactor:
         spill_dir = self._spill_dir(now)
         try:
             with progress(f"compacting ({plan.kind})", total) as bar:
+
+                def partition_done(count: int) -> None:
+                    bar.advance(count)
+                    # A partition's batches were decoded and rewritten by this thread: return what
+                    # it freed before the next partition, so a job holds one partition's buffers.
+                    release_unused_memory()
+
                 result = run_job(plan, batches, self._log.storage, write_file, offset_map,
                                  self._log.identity.fingerprint_seed, self._config, now,
-                                 target_file_bytes=self._target, progress=bar.advance, spill_dir=spill_dir)
+                                 target_file_bytes=self._target, progress=partition_done,
+                                 spill_dir=spill_dir)
         except PartitionFailure as e:
             self._fail(e.partition, e, now)
             self._discard(written)
@@ -181,6 +190,7 @@ class Compactor:
         finally:
             del offset_map
             shutil.rmtree(spill_dir, ignore_errors=True)
+            release_unused_memory()  # the map and the last partition's buffers
         for p in batches:  # every partition the job read and wrote (merges and copies too)
             self.failures.pop(p, None)
         cleaner = {str(p): {"checkpoint": end, "last_round_ms": now, "partial": end < plan.clean[p].first_uncleanable}

@@ -44,6 +44,12 @@ SCHEMA = pa.schema(
 
 _MAGIC = b"ARROW1\x00\x00"
 _CONTINUATION = b"\xff\xff\xff\xff"
+#: The schema as an IPC stream's first message: a stored batch message after it is a whole stream.
+_SCHEMA_MESSAGE = SCHEMA.serialize().to_pybytes()
+#: Buffers are compressed and decompressed by the calling thread, not Arrow's CPU pool: memory
+#: the pool's threads allocate stays in their allocator heaps, which nothing asks to give it
+#: back (see kvlog.memory), while the caller's is released after each flush and compaction step.
+_READ_OPTIONS = ipc.IpcReadOptions(use_threads=False)
 
 
 @dataclass(frozen=True)
@@ -87,7 +93,7 @@ class DataFileWriter:
         self._mapped: pa.MemoryMappedFile | None = None
         codec = None if compression == "none" else compression
         self._writer = ipc.new_file(
-            self._sink, SCHEMA, options=ipc.IpcWriteOptions(compression=codec)
+            self._sink, SCHEMA, options=ipc.IpcWriteOptions(compression=codec, use_threads=False)
         )
         self._spans: list[tuple[int, int, int, int, int, int]] = []
         self._finished = False
@@ -166,8 +172,10 @@ def decode_batch(name: str, data: bytes | memoryview, location: BatchLocation) -
     if crc32c(data) != location.crc:
         raise CorruptDataError(name, f"checksum mismatch in the batch at byte {location.position}")
     try:
-        message = ipc.read_message(pa.py_buffer(data))
-        batch = ipc.read_record_batch(message, SCHEMA)
+        # One copy of the batch behind the schema message: the stream reader is the reader that
+        # takes read options (decompression on this thread).
+        stream = ipc.open_stream(pa.py_buffer(b"".join((_SCHEMA_MESSAGE, data))), options=_READ_OPTIONS)
+        batch = stream.read_next_batch()
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:  # pragma: no cover - CRC first
         raise CorruptDataError(name, f"undecodable batch at byte {location.position} ({e})") from None
     if batch.num_rows != location.count:

@@ -31,6 +31,7 @@ from kvlog.format.datafile import SCHEMA
 from kvlog.index import TOMBSTONE, MemTable
 from kvlog.log.log import Log, PendingBatch
 from kvlog.log.producers import SEQUENCE_MODULUS
+from kvlog.memory import release_unused_memory
 
 __all__ = ["Flusher", "RECORD_OVERHEAD_BYTES", "split_by_partition"]
 
@@ -335,6 +336,9 @@ class Flusher:
             self.flushes += 1
             self.records_flushed += inflight.records
             self.last_error = None
+        # The flush's Arrow copies and encodings were allocated by this thread: hand them back now,
+        # or every flushing thread's allocator keeps its own high-water mark.
+        release_unused_memory()
 
     def _due(self) -> bool:
         if self._inflight is not None or self._buffered_bytes >= self._flush_bytes:
