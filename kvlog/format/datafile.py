@@ -50,6 +50,48 @@ _SCHEMA_MESSAGE = SCHEMA.serialize().to_pybytes()
 #: the pool's threads allocate stays in their allocator heaps, which nothing asks to give it
 #: back (see kvlog.memory), while the caller's is released after each flush and compaction step.
 _READ_OPTIONS = ipc.IpcReadOptions(use_threads=False)
+#: As :data:`_READ_OPTIONS`, decoding the ``key`` column alone (its buffers only are decompressed).
+_KEYS_ONLY_OPTIONS = ipc.IpcReadOptions(use_threads=False, included_fields=[0])
+
+
+class _StreamOfMessage:
+    """A read-only file of the schema message followed by one stored batch message.
+
+    The stream reader is the reader that takes read options; it reads through this object,
+    which hands out slices of the two parts, so the batch's bytes are never copied.
+    """
+
+    closed = False
+
+    def __init__(self, batch_message: bytes | memoryview) -> None:
+        self._parts = [memoryview(_SCHEMA_MESSAGE), memoryview(batch_message).cast("B")]
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._position
+
+    def close(self) -> None:
+        self.closed = True
+
+    def read(self, size: int = -1) -> memoryview | bytes:
+        parts = self._parts
+        while parts and not len(parts[0]):
+            parts.pop(0)
+        if not parts:
+            return b""
+        head = parts[0]
+        if size < 0 or size >= len(head):
+            out = parts.pop(0)
+        else:
+            out, parts[0] = head[:size], head[size:]
+        self._position += len(out)
+        return out
 
 
 @dataclass(frozen=True)
@@ -163,8 +205,13 @@ def _first_message_end(data: bytes | memoryview) -> int:
     return 16 + int(length)
 
 
-def decode_batch(name: str, data: bytes | memoryview, location: BatchLocation) -> pa.RecordBatch:
-    """The record batch stored at ``location``, from exactly its bytes; verified."""
+def decode_batch(name: str, data: bytes | memoryview, location: BatchLocation, *,
+                 keys_only: bool = False) -> pa.RecordBatch:
+    """The record batch stored at ``location``, from exactly its bytes; verified.
+
+    With ``keys_only`` the batch holds the ``key`` column alone: the whole message is still
+    checksummed, but only the key buffers are decompressed.
+    """
     if len(data) != location.length:
         raise CorruptDataError(
             name, f"batch at byte {location.position} truncated: {len(data)} of {location.length} bytes"
@@ -172,10 +219,8 @@ def decode_batch(name: str, data: bytes | memoryview, location: BatchLocation) -
     if crc32c(data) != location.crc:
         raise CorruptDataError(name, f"checksum mismatch in the batch at byte {location.position}")
     try:
-        # One copy of the batch behind the schema message: the stream reader is the reader that
-        # takes read options (decompression on this thread).
-        stream = ipc.open_stream(pa.py_buffer(b"".join((_SCHEMA_MESSAGE, data))), options=_READ_OPTIONS)
-        batch = stream.read_next_batch()
+        options = _KEYS_ONLY_OPTIONS if keys_only else _READ_OPTIONS
+        batch = ipc.open_stream(_StreamOfMessage(data), options=options).read_next_batch()
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:  # pragma: no cover - CRC first
         raise CorruptDataError(name, f"undecodable batch at byte {location.position} ({e})") from None
     if batch.num_rows != location.count:
