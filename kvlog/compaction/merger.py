@@ -2,22 +2,27 @@
 
 Per partition, in ascending order, over the inputs in commit order:
 
-* pass 1 (cleaned partitions only) reads the dirty range through stream A of
-  each input file and builds the offset map; if the map fills, the round ends
-  at the last mapped offset + 1 (a partial round; later rounds continue). It
-  also notes, in a roaring bitmap, every record of the dirty range that a
-  later record of its key replaces;
+* pass 1 (cleaned partitions only) reads the keys of the dirty range through
+  stream A of each input file and builds the offset map; if the map fills, the
+  round ends at the last mapped offset + 1 (a partial round; later rounds
+  continue). The offsets the map then holds, the latest record of every key of
+  the round, go into a roaring bitmap;
 * pass 2 reads every batch of the partition through stream B and keeps a
   record iff it lies at or beyond the round's end, or it is the latest for its
   key (and, for a tombstone, its delete horizon has not passed): a record of
   the clean section is looked up in the map, one of the dirty range in the
   bitmap, so only the clean section's keys are fingerprinted twice. A
   tombstone that survives without a horizon is stamped
-  ``now + delete_retention_ms``.
+  ``now + delete_retention_ms``. The clean section comes first; once it is
+  done, the map's memory is handed back to the system for the rest of the pass.
 
 Records move through both passes as Arrow arrays: fingerprints, map
 operations and the keep mask are numpy, and survivors are Arrow filters of the
-input batches.
+input batches. In both passes a worker thread reads, checks and decodes the
+batches and does the per-batch numpy work (fingerprints; the survivors) while
+the calling thread inserts into the map or writes the output; the batches read
+ahead are bounded in bytes (:data:`PASS_ONE_AHEAD_BYTES`,
+:data:`PASS_TWO_AHEAD_BYTES`).
 
 Each input file is read through at most two forward-only streams, A and B:
 on object storage, exactly two GETs per input file per job, however many
@@ -28,17 +33,19 @@ were removed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import array
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
 
-from kvlog.compaction.offset_map import MAX_RELATIVE_OFFSET, OffsetMap, fingerprints
+from kvlog.compaction.offset_map import MAX_RELATIVE_OFFSET, U32, U64, OffsetMap, fingerprints
 from kvlog.compaction.planner import Plan
 from kvlog.config import StoreConfig
 from kvlog.errors import CorruptDataError, KvlogError
@@ -55,6 +62,15 @@ OUTPUT_BATCH_RECORDS = 65_536
 MAP_CHUNK_RECORDS = 65_536
 #: Decoded input bytes between two returns of unused Arrow memory to the system.
 RELEASE_EVERY_BYTES = 16 * 2**20
+#: Stored bytes of input batches that pass 1 reads ahead of the batch whose keys are being
+#: mapped (what it keeps of a batch is its fingerprints, a small fraction of the batch).
+PASS_ONE_AHEAD_BYTES = 32 * 2**20
+#: Stored bytes of input batches that pass 2 (and a copy) reads ahead of the batch being
+#: written: a batch larger than this is read only once the one before it is written, so at
+#: most one decoded batch of that size is held at a time.
+PASS_TWO_AHEAD_BYTES = 8 * 2**20
+
+_T = TypeVar("_T")
 
 
 class PartitionFailure(KvlogError):
@@ -89,7 +105,8 @@ class _Streams:
         self.bytes_read = 0
         self._since_release = 0
 
-    def read(self, which: str, batch: Mapping[str, Any]) -> pa.RecordBatch:
+    def read(self, which: str, batch: Mapping[str, Any], *, keys_only: bool = False) -> pa.RecordBatch:
+        """The records of ``batch`` read through stream ``which`` (its keys alone with ``keys_only``)."""
         key = (which, batch["path"])
         stream = self._open.get(key)
         if stream is None:
@@ -103,28 +120,64 @@ class _Streams:
         self.bytes_read += len(data)
         location = BatchLocation(batch["pos"], batch["len"], batch["crc"], batch["n"], batch["bytes"],
                                  batch["ts"][0], batch["ts"][1])
-        return decode_batch(batch["path"], data, location)
+        return decode_batch(batch["path"], data, location, keys_only=keys_only)
 
-    def read_ahead(self, which: str, batches: Sequence[Mapping[str, Any]]
-                   ) -> Iterator[tuple[Mapping[str, Any], pa.RecordBatch]]:
-        """Each of ``batches`` with its records, read through stream ``which`` one batch ahead
-        in a second thread (reading, checksumming and decoding release the GIL)."""
+    def process(self, which: str, batches: Sequence[Mapping[str, Any]],
+                prepare: Callable[[Mapping[str, Any], pa.RecordBatch], _T], consume: Callable[[_T], bool],
+                *, ahead_bytes: int, keys_only: bool = False) -> None:
+        """``consume(prepare(batch, records))`` for each of ``batches`` in order, until ``consume``
+        returns False.
+
+        A worker thread reads each batch through stream ``which``, decodes it (its keys alone
+        with ``keys_only``) and runs ``prepare``, while this thread consumes earlier results:
+        reading, checksumming, decoding and numpy release the GIL, so the two overlap. While a
+        result is consumed, the worker goes ahead by at most ``ahead_bytes`` of stored batches
+        (always at least one batch when nothing is being consumed), which bounds the memory of
+        batches in flight; a result is dropped before the batch after it is waited for.
+        """
         if not batches:
             return
+        queued: deque[tuple[Future[_T], int]] = deque()
+        queued_bytes = 0
+        following = 0
+
+        def work(batch: Mapping[str, Any]) -> _T:
+            return prepare(batch, self.read(which, batch, keys_only=keys_only))
+
         with ThreadPoolExecutor(1, thread_name_prefix="kvlog-compaction-read") as pool:
-            pending = pool.submit(self.read, which, batches[0])
-            for i, batch in enumerate(batches):
-                current = pending
-                if i + 1 < len(batches):
-                    pending = pool.submit(self.read, which, batches[i + 1])
-                records = current.result()
-                yield batch, records
-                # Decoded batches are allocated by the reading thread and freed by this one: every
-                # RELEASE_EVERY_BYTES, let Arrow's allocator hand such memory back rather than keep it.
-                self._since_release += records.nbytes
-                if self._since_release >= RELEASE_EVERY_BYTES:
-                    self._since_release = 0
-                    pa.default_memory_pool().release_unused()
+
+            def submit(limit: int) -> None:
+                """Queue batches while those queued fit in ``limit`` bytes, or one if none is (limit 0)."""
+                nonlocal queued_bytes, following
+                while following < len(batches) and (
+                    (not queued and not limit) or queued_bytes + int(batches[following]["len"]) <= limit
+                ):
+                    size = int(batches[following]["len"])
+                    queued.append((pool.submit(work, batches[following]), size))
+                    queued_bytes += size
+                    following += 1
+
+            try:
+                submit(0)
+                while queued:
+                    future, size = queued.popleft()
+                    queued_bytes -= size
+                    result = future.result()
+                    submit(ahead_bytes)
+                    going_on = consume(result)
+                    del result
+                    # Decoded batches are allocated by the worker and freed by this thread: every
+                    # RELEASE_EVERY_BYTES, let Arrow's allocator hand such memory back.
+                    self._since_release += size
+                    if self._since_release >= RELEASE_EVERY_BYTES:
+                        self._since_release = 0
+                        pa.default_memory_pool().release_unused()
+                    if not going_on:
+                        break
+                    submit(0)
+            finally:
+                for future, _size in queued:
+                    future.cancel()
 
     def close(self) -> None:
         for stream in self._open.values():
@@ -189,9 +242,13 @@ class OutputWriter:
         if has_tombstone:
             self._has_tombstone = True
             self._horizon = horizon
+        self._rows += n
+        if self._rows < OUTPUT_BATCH_RECORDS and records.get_total_buffer_size() > 2 * records.nbytes + 2**16:
+            # Kept past this call, a small slice of a large input batch would keep all of that
+            # batch in memory while the next ones are read: keep a copy of the slice instead.
+            records = pa.concat_batches([records])
         self._pieces.append(records)
         self._offsets.append(np.asarray(offsets, dtype=np.int64))
-        self._rows += n
         if self._rows >= OUTPUT_BATCH_RECORDS:
             self.end_batch()
 
@@ -277,13 +334,12 @@ def run_job(
             try:
                 spec = plan.clean.get(partition)
                 if spec is not None and offset_map is not None:
-                    superseded = BitMap()
-                    round_end = _pass_one(spec.first_dirty, spec.first_uncleanable, batches, streams,
-                                          offset_map, seed, superseded)
+                    round_end, latest = _pass_one(spec.first_dirty, spec.first_uncleanable, batches, streams,
+                                                  offset_map, seed)
                     if round_end < spec.first_uncleanable:
                         result.partial = True
                     result.checkpoints[partition] = round_end
-                    cleaning = _Round(spec.first_dirty, round_end, superseded, offset_map, seed)
+                    cleaning = _Round(spec.first_dirty, round_end, latest, offset_map, seed)
                     _pass_two(partition, batches, streams, output, cleaning, config, now_ms, result)
                 else:
                     _copy(partition, batches, streams, output, result)
@@ -304,19 +360,19 @@ def run_job(
 
 @dataclass
 class _Round:
-    """What pass 1 of a partition learnt: the cleaned range and its superseded records."""
+    """What pass 1 of a partition learnt: the cleaned range and the records that survive it."""
 
     first_dirty: int
     end: int
-    superseded: BitMap
-    """Offsets relative to ``first_dirty`` of records in the dirty range that a later record of
-    the same key replaces (at most one bit per record of the dirty range)."""
+    latest: BitMap
+    """Offsets relative to ``first_dirty`` of the records of the dirty range that are the latest
+    of their key (what the map holds: one per key); the others are superseded."""
     offset_map: OffsetMap
     seed: int
 
-    def superseded_in(self, first: int, last: int) -> np.ndarray:
-        """The superseded absolute offsets within ``first..last`` (both in the dirty range)."""
-        bitmap = self.superseded
+    def latest_in(self, first: int, last: int) -> np.ndarray:
+        """The absolute offsets of latest records within ``first..last`` (both in the dirty range)."""
+        bitmap = self.latest
         low = bitmap.rank(first - self.first_dirty - 1) if first > self.first_dirty else 0
         high = bitmap.rank(last - self.first_dirty)
         if high <= low:
@@ -325,74 +381,141 @@ class _Round:
 
 
 def _pass_one(first_dirty: int, first_uncleanable: int, batches: Sequence[Mapping[str, Any]],
-              streams: _Streams, offset_map: OffsetMap, seed: int, superseded: BitMap) -> int:
-    """Build the map over the dirty range, noting superseded records; return the round's end."""
+              streams: _Streams, offset_map: OffsetMap, seed: int) -> tuple[int, BitMap]:
+    """Build the map over the dirty range; return the round's end and the latest record of
+    every key in the round (relative to ``first_dirty``).
+
+    The worker thread decodes each batch's keys and fingerprints those in the dirty range; this
+    thread inserts them into the map in offset order.
+    """
     offset_map.clear(base=first_dirty)
     limit = min(first_uncleanable, first_dirty + MAX_RELATIVE_OFFSET + 1)
+    round_end = limit
     last_mapped = first_dirty - 1
     dirty = [b for b in batches if b["last"] >= first_dirty and b["base"] < limit]
-    for batch, record_batch in streams.read_ahead("A", dirty):
+
+    def prepare(batch: Mapping[str, Any], records: pa.RecordBatch) -> tuple[np.ndarray, U64, U32]:
         offsets = _offsets(batch)
         start, stop = (int(i) for i in np.searchsorted(offsets, [first_dirty, limit]))
-        keys = record_batch.column(0)
-        for chunk in range(start, stop, MAP_CHUNK_RECORDS):  # bounds the temporaries of large batches
-            end = min(stop, chunk + MAP_CHUNK_RECORDS)
-            selected = offsets[chunk:end]
-            hi, lo = fingerprints(keys.slice(chunk, end - chunk), seed)
-            mapped = offset_map.insert(hi, lo, selected, superseded)
+        hi, lo = fingerprints(records.column(0).slice(start, stop - start), seed)
+        return offsets[start:stop], hi, lo
+
+    def consume(prepared: tuple[np.ndarray, U64, U32]) -> bool:
+        nonlocal last_mapped, round_end
+        offsets, hi, lo = prepared
+        for chunk in range(0, len(offsets), MAP_CHUNK_RECORDS):  # bounds the temporaries of large batches
+            end = min(len(offsets), chunk + MAP_CHUNK_RECORDS)
+            mapped = offset_map.insert(hi[chunk:end], lo[chunk:end], offsets[chunk:end])
             if mapped:
-                last_mapped = int(selected[mapped - 1])
-            if mapped < len(selected):
-                return last_mapped + 1
-    return limit
+                last_mapped = int(offsets[chunk + mapped - 1])
+            if mapped < end - chunk:
+                round_end = last_mapped + 1
+                return False
+        return True
+
+    streams.process("A", dirty, prepare, consume, ahead_bytes=PASS_ONE_AHEAD_BYTES, keys_only=True)
+    latest = BitMap()
+    for relative in offset_map.mapped_offsets():
+        latest.update(array.array("I", relative.tobytes()))
+    return round_end, latest
+
+
+@dataclass
+class _Kept:
+    """What pass 2 keeps of one input batch: pieces of records to write, and counts."""
+
+    pieces: list[tuple[pa.RecordBatch, np.ndarray, int | None]]
+    """(records, their offsets, their tombstones' horizon), in offset order."""
+    read: int
+    written: int
+    tombstones_removed: int = 0
 
 
 def _pass_two(partition: int, batches: Sequence[Mapping[str, Any]], streams: _Streams, output: OutputWriter,
               cleaning: _Round, config: StoreConfig, now_ms: int, result: JobResult) -> None:
-    """Rewrite the partition: keep the latest record of every key (tombstones until their horizon)."""
-    for batch, record_batch in streams.read_ahead("B", batches):
-        offsets = _offsets(batch)
-        n = len(offsets)
-        result.records_read += n
-        horizon = batch.get("horizon")
-        prefix_end, cleaned_end = (int(i) for i in np.searchsorted(offsets, [cleaning.first_dirty, cleaning.end]))
-        if cleaned_end == 0:  # wholly beyond the round: kept as it is
-            output.add_records(partition, record_batch, offsets, horizon)
-            result.records_written += n
-            continue
-        keep = np.ones(cleaned_end, dtype=bool)
-        if prefix_end:  # the clean section: a record goes when the dirty range has its key
-            hi, lo = fingerprints(record_batch.column(0).slice(0, prefix_end), cleaning.seed)
-            keep[:prefix_end] = cleaning.offset_map.lookup(hi, lo) < 0
-        if cleaned_end > prefix_end:  # the dirty range: a record goes when a later one replaced it
-            dead = cleaning.superseded_in(int(offsets[prefix_end]), int(offsets[cleaned_end - 1]))
-            if len(dead):
-                dense = int(offsets[-1]) - int(offsets[0]) + 1 == n
-                keep[dead - int(offsets[0]) if dense else np.searchsorted(offsets[:cleaned_end], dead)] = False
-        new_horizon = horizon
-        values = record_batch.column(1)
-        if values.null_count:
-            tombstone = values.is_null().to_numpy(zero_copy_only=False)[:cleaned_end]
-            if (tombstone & keep).any():
-                if horizon is not None and now_ms >= horizon:
-                    keep &= ~tombstone
-                elif horizon is None:
-                    new_horizon = now_ms + config.delete_retention_ms
-            result.tombstones_removed += int(np.count_nonzero(tombstone & ~keep))
-        cleaned = record_batch.slice(0, cleaned_end)
-        kept = int(np.count_nonzero(keep))
-        if kept == cleaned_end:
-            output.add_records(partition, cleaned, offsets[:cleaned_end], new_horizon)
-        elif kept:
-            output.add_records(partition, cleaned.filter(pa.array(keep)), offsets[:cleaned_end][keep], new_horizon)
-        if cleaned_end < n:
-            output.add_records(partition, record_batch.slice(cleaned_end), offsets[cleaned_end:], horizon)
-        result.records_written += kept + n - cleaned_end
+    """Rewrite the partition: keep the latest record of every key (tombstones until their horizon).
+
+    The worker thread decodes each batch and selects its survivors; this thread writes them.
+    Only the clean section's keys are looked up in the map, and its batches come first: once
+    the last of them is selected, the map's memory is handed back for the rest of the pass.
+    """
+    clean_batches = sum(1 for b in batches if int(b["base"]) < cleaning.first_dirty)
+    selected = 0
+    if not clean_batches:
+        cleaning.offset_map.release()
+
+    def prepare(batch: Mapping[str, Any], record_batch: pa.RecordBatch) -> _Kept:
+        nonlocal selected
+        kept = _select(batch, record_batch, cleaning, config, now_ms)
+        selected += 1
+        if selected == clean_batches:
+            cleaning.offset_map.release()
+        return kept
+
+    def consume(kept: _Kept) -> bool:
+        for records, offsets, horizon in kept.pieces:
+            output.add_records(partition, records, offsets, horizon)
+        result.records_read += kept.read
+        result.records_written += kept.written
+        result.tombstones_removed += kept.tombstones_removed
+        return True
+
+    streams.process("B", batches, prepare, consume, ahead_bytes=PASS_TWO_AHEAD_BYTES)
+
+
+def _select(batch: Mapping[str, Any], record_batch: pa.RecordBatch, cleaning: _Round, config: StoreConfig,
+            now_ms: int) -> _Kept:
+    """The survivors of one batch in pass 2 (reads the map and the bitmap, changes neither)."""
+    offsets = _offsets(batch)
+    n = len(offsets)
+    horizon = batch.get("horizon")
+    prefix_end, cleaned_end = (int(i) for i in np.searchsorted(offsets, [cleaning.first_dirty, cleaning.end]))
+    if cleaned_end == 0:  # wholly beyond the round: kept as it is
+        return _Kept([(record_batch, offsets, horizon)], n, n)
+    keep = np.ones(cleaned_end, dtype=bool)
+    if prefix_end:  # the clean section: a record goes when the dirty range has its key
+        hi, lo = fingerprints(record_batch.column(0).slice(0, prefix_end), cleaning.seed)
+        keep[:prefix_end] = cleaning.offset_map.lookup(hi, lo) < 0
+    if cleaned_end > prefix_end:  # the dirty range: a record stays when it is the latest of its key
+        alive = cleaning.latest_in(int(offsets[prefix_end]), int(offsets[cleaned_end - 1]))
+        keep[prefix_end:] = False
+        if len(alive):
+            dense = int(offsets[-1]) - int(offsets[0]) + 1 == n
+            keep[alive - int(offsets[0]) if dense else np.searchsorted(offsets[:cleaned_end], alive)] = True
+    new_horizon = horizon
+    tombstones_removed = 0
+    values = record_batch.column(1)
+    if values.null_count:
+        tombstone = values.is_null().to_numpy(zero_copy_only=False)[:cleaned_end]
+        if (tombstone & keep).any():
+            if horizon is not None and now_ms >= horizon:
+                keep &= ~tombstone
+            elif horizon is None:
+                new_horizon = now_ms + config.delete_retention_ms
+        tombstones_removed = int(np.count_nonzero(tombstone & ~keep))
+    pieces: list[tuple[pa.RecordBatch, np.ndarray, int | None]] = []
+    cleaned = record_batch.slice(0, cleaned_end)
+    kept = int(np.count_nonzero(keep))
+    if kept == cleaned_end:
+        pieces.append((cleaned, offsets[:cleaned_end], new_horizon))
+    elif kept:
+        pieces.append((cleaned.filter(pa.array(keep)), offsets[:cleaned_end][keep], new_horizon))
+    if cleaned_end < n:
+        pieces.append((record_batch.slice(cleaned_end), offsets[cleaned_end:], horizon))
+    return _Kept(pieces, n, kept + n - cleaned_end, tombstones_removed)
 
 
 def _copy(partition: int, batches: Sequence[Mapping[str, Any]], streams: _Streams, output: OutputWriter,
           result: JobResult) -> None:
-    for batch, record_batch in streams.read_ahead("B", batches):
-        result.records_read += record_batch.num_rows
-        result.records_written += record_batch.num_rows
-        output.add_records(partition, record_batch, _offsets(batch), batch.get("horizon"))
+    def prepare(batch: Mapping[str, Any], record_batch: pa.RecordBatch) -> _Kept:
+        n = record_batch.num_rows
+        return _Kept([(record_batch, _offsets(batch), batch.get("horizon"))], n, n)
+
+    def consume(kept: _Kept) -> bool:
+        for records, offsets, horizon in kept.pieces:
+            output.add_records(partition, records, offsets, horizon)
+        result.records_read += kept.read
+        result.records_written += kept.written
+        return True
+
+    streams.process("B", batches, prepare, consume, ahead_bytes=PASS_TWO_AHEAD_BYTES)

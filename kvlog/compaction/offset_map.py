@@ -26,13 +26,13 @@ This module does no I/O.
 
 from __future__ import annotations
 
-import array
-from collections.abc import Sequence
+import mmap
+import sys
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-from pyroaring import BitMap
 
 __all__ = ["SLOT_BYTES", "MAX_RELATIVE_OFFSET", "OffsetMap", "fingerprints", "capacity_for"]
 
@@ -53,6 +53,9 @@ _LOW32 = np.uint64(0xFFFFFFFF)
 _HIGH32 = np.uint64(0xFFFFFFFF00000000)
 #: Elements of the padded key matrix built at once (bounds the memory of long keys).
 _MATRIX_ELEMENTS = 1 << 21
+#: Whether dropping the pages of a private anonymous mapping zeroes them (Linux semantics).
+_DROP_PAGES = sys.platform.startswith("linux") and hasattr(mmap, "MADV_DONTNEED")
+_MAP_ANONYMOUS: int = getattr(mmap, "MAP_ANONYMOUS", getattr(mmap, "MAP_ANON", 0))
 
 
 def capacity_for(map_bytes: int, load_factor: float) -> int:
@@ -242,14 +245,21 @@ class OffsetMap:
         slots = map_bytes // SLOT_BYTES
         if slots < 1 or int(slots * load_factor) < 1:
             raise ValueError(f"an offset map of {map_bytes} bytes cannot hold a single key")
+        if slots >= 2**32:
+            raise ValueError(f"an offset map of {map_bytes} bytes has more than 2**32 slots")
         self.slots = slots
+        self._slots64 = np.uint64(slots)
         self.capacity = int(slots * load_factor)
         # One 16-byte row per slot, so a probe touches one cache line: the fingerprint's high
-        # 64 bits, then its low 32 bits above the 32-bit relative offset.
-        self._table: U64 = np.zeros((slots, 2), dtype=np.uint64)
+        # 64 bits, then its low 32 bits above the 32-bit relative offset. The rows live in an
+        # anonymous mapping (zero-filled, resident only once written) whose pages can be handed
+        # back to the system when the table is emptied.
+        self._buffer = mmap.mmap(-1, slots * SLOT_BYTES, flags=mmap.MAP_PRIVATE | _MAP_ANONYMOUS)
+        self._table: U64 = np.frombuffer(self._buffer, dtype=np.uint64).reshape(slots, 2)
         self._flat: U64 = self._table.reshape(-1)
         self.size = 0
         self.base = 0
+        self._top = -1  # the highest relative offset mapped since the last clear
 
     @property
     def nbytes(self) -> int:
@@ -259,48 +269,78 @@ class OffsetMap:
     def clear(self, base: int = 0) -> None:
         """Empty the table for a new pass whose offsets start at ``base``."""
         if self.size:
-            self._table.fill(0)
+            self.release()
         self.size = 0
         self.base = base
+        self._top = -1
+
+    def release(self) -> None:
+        """Empty the table and hand its memory back to the system until it is written again
+        (for when a pass no longer needs what the table holds).
+
+        On Linux the pages are dropped (``MADV_DONTNEED``: a private anonymous page then reads
+        as zeros); elsewhere the table is zeroed in place and stays resident.
+        """
+        if _DROP_PAGES:
+            self._buffer.madvise(mmap.MADV_DONTNEED)
+        else:
+            self._table.fill(0)
+        self.size = 0
+        self._top = -1
 
     @property
     def full(self) -> bool:
         return self.size >= self.capacity
 
     def _home(self, hi: U64) -> npt.NDArray[np.int64]:
-        return (hi % np.uint64(self.slots)).astype(np.int64)
+        """Each fingerprint's home slot: its top 32 bits scaled to the slot count (a multiply
+        and a shift, not a division)."""
+        pos = hi >> _S32
+        pos *= self._slots64
+        pos >>= _S32
+        return pos.view(np.int64)
+
+    def _next(self, pos: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The slots after ``pos`` (linear probing, wrapping around), in place."""
+        pos += 1
+        pos[pos == self.slots] = 0
+        return pos
 
     def lookup(self, hi: U64, lo: U32) -> I64:
         """The absolute offset mapped for each fingerprint, -1 where absent."""
         n = len(hi)
         out = np.full(n, -1, dtype=np.int64)
         pos = self._home(hi)
-        tag = lo.astype(np.uint64) << _S32
+        tag = lo.astype(np.uint64)
+        tag <<= _S32
         todo = np.arange(n)
         # At most ``slots`` probes: with load factor 1.0 a full table has no empty slot to stop at.
         for _probe in range(self.slots):
             if not len(todo):
                 break
-            rows = np.take(self._table, pos[todo], axis=0)
-            tags = rows[:, 1] & _HIGH32
-            match = (rows[:, 0] == hi[todo]) & (tags == tag[todo])
-            out[todo[match]] = (rows[match, 1] & _LOW32).astype(np.int64) + self.base
-            empty = (rows[:, 0] == 0) & (tags == 0)
-            todo = todo[~(empty | match)]
-            pos[todo] = (pos[todo] + 1) % self.slots
+            rows = np.take(self._table, pos, axis=0)
+            r0, r1 = rows[:, 0], rows[:, 1]
+            match = (r1 & _HIGH32) == tag
+            match &= r0 == hi
+            found = todo[match]
+            out[found] = (r1[match] & _LOW32).view(np.int64) + self.base
+            go_on = (r0 | r1) != 0
+            go_on &= ~match
+            if not go_on.all():
+                todo, pos, hi, tag = todo[go_on], pos[go_on], hi[go_on], tag[go_on]
+            pos = self._next(pos)
         return out
 
-    def insert(self, hi: U64, lo: U32, offsets: I64, superseded: BitMap | None = None) -> int:
+    def insert(self, hi: U64, lo: U32, offsets: I64) -> int:
         """Map fingerprints to offsets, in order (a later offset of the same key wins).
 
         Stops before the first record whose key would exceed the capacity and returns how
-        many records (a prefix) were mapped. ``superseded`` receives the offsets, relative to
-        the base, that the mapped records replace: earlier records of the same keys.
+        many records (a prefix) were mapped.
         """
         n = len(hi)
         if n == 0:
             return 0
-        rel = offsets - self.base
+        rel = np.asarray(offsets, dtype=np.int64) - self.base
         if rel.min() < 0 or rel.max() > MAX_RELATIVE_OFFSET:
             raise ValueError("offsets outside the pass's 32-bit relative range")
         if self.size + n > self.capacity:
@@ -314,35 +354,33 @@ class OffsetMap:
             cumulative = np.cumsum(new_key)
             if cumulative[-1] > self.capacity - self.size:
                 take = int(np.searchsorted(cumulative, self.capacity - self.size, side="right"))
-                return self.insert(hi[:take], lo[:take], offsets[:take], superseded) if take else 0
-        replaced = self._place(hi, lo, rel.astype(np.uint64))
-        if superseded is not None and len(replaced):
-            superseded.update(array.array("I", replaced.astype(np.uint32).tobytes()))
+                return self.insert(hi[:take], lo[:take], offsets[:take]) if take else 0
+        value = lo.astype(np.uint64)
+        value <<= _S32
+        value |= rel.view(np.uint64)
+        if int(rel[0]) > self._top and (n == 1 or bool((rel[1:] > rel[:-1]).all())):
+            self._place_ascending(hi, value)
+        else:
+            self._place(hi, value)
+        self._top = max(self._top, int(rel.max()))
         return n
 
-    def _place(self, hi: U64, lo: U32, rel: U64) -> U64:
-        """Insert fingerprints, keeping the highest offset of each; return the offsets that lost.
+    def _place(self, hi: U64, value: U64) -> None:
+        """Insert fingerprints (``value``: low fingerprint bits above the relative offset),
+        keeping the highest offset of each.
 
         Fingerprints may repeat: slots keep the maximum (``np.maximum.at``), so the outcome does
         not depend on the order in which equal fingerprints are applied.
         """
         pos = self._home(hi)
-        value = (lo.astype(np.uint64) << _S32) | rel
         todo = np.arange(len(hi))
-        lost: list[U64] = []
         while len(todo):
             p = pos[todo]
             rows = np.take(self._table, p, axis=0)
             tags = rows[:, 1] & _HIGH32
             match = (rows[:, 0] == hi[todo]) & (tags == value[todo] & _HIGH32)
             if match.any():
-                slots = p[match]
-                mine = value[todo[match]]
-                np.maximum.at(self._flat, 2 * slots + 1, mine)
-                final = self._flat[2 * slots + 1]
-                before = rows[match, 1]
-                lost.append(before[before != final] & _LOW32)
-                lost.append(mine[mine != final] & _LOW32)
+                np.maximum.at(self._flat, 2 * p[match] + 1, value[todo[match]])
             empty = (rows[:, 0] == 0) & (tags == 0)
             settled = match
             if empty.any():
@@ -358,6 +396,62 @@ class OffsetMap:
                 settled = match.copy()
                 settled[np.nonzero(empty)[0][won]] = True
             occupied = ~match & ~empty
-            pos[todo[occupied]] = (pos[todo[occupied]] + 1) % self.slots
+            pos[todo[occupied]] = self._next(pos[todo[occupied]])
             todo = todo[~settled]
-        return np.concatenate(lost) if lost else np.zeros(0, dtype=np.uint64)
+
+    def _place_ascending(self, hi: U64, value: U64) -> None:
+        """:meth:`_place` for offsets that ascend and exceed every offset already mapped (pass 1's
+        order): each record then replaces what its key's slot holds, and among records of one key
+        the last wins, so slots are simply overwritten.
+
+        Records that write one slot at once (equal fingerprints, or new keys claiming one empty
+        slot) all write it; reading it back tells which write landed. A record of the same key
+        with a lower offset is then done (replaced); one with a higher offset, or of another
+        key, goes on to the next step, so the result does not depend on the order of numpy's
+        writes.
+        """
+        pos = self._home(hi)
+        table = self._table
+        while len(pos):
+            rows = np.take(table, pos, axis=0)
+            r0, r1 = rows[:, 0], rows[:, 1]
+            empty = (r0 | r1) == 0
+            r1 ^= value
+            free = r1 <= _LOW32  # the slot holds this fingerprint's low bits ...
+            free &= r0 == hi  # ... and its high bits
+            free |= empty
+            if free.all():
+                fpos, fhi, fvalue, fempty = pos, hi, value, empty
+                pos, hi, value = pos[:0], hi[:0], value[:0]
+            else:
+                fpos, fhi, fvalue, fempty = pos[free], hi[free], value[free], empty[free]
+                busy = ~free
+                pos, hi, value = self._next(pos[busy]), hi[busy], value[busy]
+            table[fpos, 0] = fhi
+            table[fpos, 1] = fvalue
+            landed = np.take(table, fpos, axis=0)
+            l0, l1 = landed[:, 0], landed[:, 1]
+            won = l1 == fvalue
+            won &= l0 == fhi
+            if won.all():
+                self.size += int(np.count_nonzero(fempty))
+                continue
+            fempty &= won
+            self.size += int(np.count_nonzero(fempty))
+            # Not landed: done if a later record of this key landed, else try again.
+            replaced = (l1 ^ fvalue) <= _LOW32
+            replaced &= l0 == fhi
+            replaced &= fvalue < l1
+            again = ~(won | replaced)
+            if again.any():
+                pos = np.concatenate((pos, fpos[again]))
+                hi = np.concatenate((hi, fhi[again]))
+                value = np.concatenate((value, fvalue[again]))
+
+    def mapped_offsets(self, rows: int = 1 << 19) -> Iterator[U32]:
+        """The offsets, relative to the base, that the table maps keys to (one per key: each
+        key's latest), ``rows`` slots at a time, in slot order."""
+        for start in range(0, self.slots, rows):
+            chunk = self._table[start : start + rows]
+            occupied = (chunk[:, 0] | chunk[:, 1]) != 0
+            yield (chunk[occupied, 1] & _LOW32).astype(np.uint32)
