@@ -13,6 +13,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -145,7 +146,8 @@ class _OutputTask:
         files: list[str] = []
         level = self.level
 
-        def write_file(data: BytesLike, entries: list[BatchEntry]) -> FileEntry:
+        def write_file(data: BytesLike, entries: list[BatchEntry], spill: Path | None) -> FileEntry:
+            # The writer below builds files in memory: ``spill`` is always None.
             file_id = uuid.uuid4().hex
             path = data_file_name(level, file_id)
             storage.put(path, data)

@@ -54,14 +54,12 @@ from kvlog.format.commit import BatchEntry, FileEntry
 from kvlog.format.datafile import BatchLocation, DataFileWriter, decode_batch, make_record_batch
 from kvlog.storage.base import BytesLike, ForwardStream, Storage
 
-__all__ = ["JobResult", "OutputWriter", "PartitionFailure", "run_job", "OUTPUT_BATCH_RECORDS"]
+__all__ = ["JobResult", "OutputWriter", "PartitionFailure", "WriteFile", "run_job", "OUTPUT_BATCH_RECORDS"]
 
 #: Records per output batch at most.
 OUTPUT_BATCH_RECORDS = 65_536
 #: Records fingerprinted and mapped at once.
 MAP_CHUNK_RECORDS = 65_536
-#: Decoded input bytes between two returns of unused Arrow memory to the system.
-RELEASE_EVERY_BYTES = 16 * 2**20
 #: Stored bytes of input batches that pass 1 reads ahead of the batch whose keys are being
 #: mapped (what it keeps of a batch is its fingerprints, a small fraction of the batch).
 PASS_ONE_AHEAD_BYTES = 32 * 2**20
@@ -71,6 +69,10 @@ PASS_ONE_AHEAD_BYTES = 32 * 2**20
 PASS_TWO_AHEAD_BYTES = 8 * 2**20
 
 _T = TypeVar("_T")
+
+#: Writes one output file: ``(its bytes, its batches, the local file holding those bytes or
+#: None)``; the local file is a scratch file the callee may move into place.
+WriteFile = Callable[[BytesLike, list[BatchEntry], Path | None], FileEntry]
 
 
 class PartitionFailure(KvlogError):
@@ -103,7 +105,6 @@ class _Streams:
         self._storage = storage
         self._open: dict[tuple[str, str], ForwardStream] = {}
         self.bytes_read = 0
-        self._since_release = 0
 
     def read(self, which: str, batch: Mapping[str, Any], *, keys_only: bool = False) -> pa.RecordBatch:
         """The records of ``batch`` read through stream ``which`` (its keys alone with ``keys_only``)."""
@@ -166,18 +167,16 @@ class _Streams:
                     submit(ahead_bytes)
                     going_on = consume(result)
                     del result
-                    # Decoded batches are allocated by the worker and freed by this thread: every
-                    # RELEASE_EVERY_BYTES, let Arrow's allocator hand such memory back.
-                    self._since_release += size
-                    if self._since_release >= RELEASE_EVERY_BYTES:
-                        self._since_release = 0
-                        pa.default_memory_pool().release_unused()
                     if not going_on:
                         break
                     submit(0)
             finally:
                 for future, _size in queued:
                     future.cancel()
+        # Decoded batches are allocated by the worker and freed by this thread; Arrow's allocator
+        # reuses that memory within the pass (handing it back after every batch would make each
+        # new batch fault its pages in again) and hands it back here.
+        pa.default_memory_pool().release_unused()
 
     def close(self) -> None:
         for stream in self._open.values():
@@ -197,7 +196,7 @@ def _offsets(batch: Mapping[str, Any]) -> np.ndarray:
 class OutputWriter:
     """Accumulates kept records into batches and batches into output files (of about ``target_bytes``)."""
 
-    def __init__(self, write_file: Callable[[BytesLike, list[BatchEntry]], FileEntry], config: StoreConfig,
+    def __init__(self, write_file: WriteFile, config: StoreConfig,
                  target_bytes: int, spill_dir: Path | None = None) -> None:
         """With ``spill_dir`` (a local directory) output files are built there, not in memory."""
         self._write_file = write_file
@@ -289,7 +288,7 @@ class OutputWriter:
                            tombstone_horizon_ms=horizon)
                 for (p, base, last, present, horizon), loc in zip(self._entries, locations, strict=True)
             ]
-            self.files.append(self._write_file(data, entries))
+            self.files.append(self._write_file(data, entries, self._writer.spill_path))
             del data
         finally:
             self._writer.close()
@@ -313,7 +312,7 @@ def run_job(
     plan: Plan,
     batches_by_partition: Mapping[int, Sequence[Mapping[str, Any]]],
     storage: Storage,
-    write_file: Callable[[BytesLike, list[BatchEntry]], FileEntry],
+    write_file: WriteFile,
     offset_map: OffsetMap | None,
     seed: int,
     config: StoreConfig,

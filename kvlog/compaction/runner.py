@@ -156,11 +156,14 @@ class Compactor:
              report: CompactionReport) -> CompactionReport:
         written: list[FileEntry] = []
 
-        def write_file(data: BytesLike, entries: list[BatchEntry]) -> FileEntry:
+        def write_file(data: BytesLike, entries: list[BatchEntry], spill: Path | None) -> FileEntry:
             file_id = self._log.new_id()
             path = data_file_name(plan.output_level, file_id)
             entry = FileEntry(file_id, path, plan.output_level, len(data), crc32c(data), tuple(entries))
-            self._log.storage.put(path, data)
+            if spill is not None:
+                self._log.storage.put_file(path, spill)  # a local store moves the file into place
+            else:
+                self._log.storage.put(path, data)
             written.append(entry)
             return entry
 

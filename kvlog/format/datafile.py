@@ -185,6 +185,12 @@ class DataFileWriter:
         return data, locations
 
 
+    @property
+    def spill_path(self) -> Path | None:
+        """The local file the data file is built in, if any (after :meth:`finish_view` it holds
+        the whole file; :meth:`close` deletes it if it is still there)."""
+        return self._spill_path
+
     def close(self) -> None:
         """Release the spill file (if any): unmap and delete it."""
         if self._spill_path is None:

@@ -15,11 +15,14 @@ Keys and values never become names (DESIGN §10.9). The contract:
 
 from __future__ import annotations
 
+import mmap
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from kvlog.errors import StorageError
@@ -115,6 +118,23 @@ class Storage(ABC):
     @abstractmethod
     def put(self, name: str, data: BytesLike) -> None:
         """Create or replace ``name``; readers see the old or the new object whole, never a mix."""
+
+    def put_file(self, name: str, path: Path) -> None:
+        """Create or replace ``name`` with the bytes of the local file ``path``, as :meth:`put`.
+
+        ``path`` is the caller's scratch file: a backend may move it into place, so the caller
+        must not use it afterwards (it may still be there; deleting it is the caller's). Here
+        it is memory-mapped and handed to :meth:`put`; raises ``StorageError``.
+        """
+        try:
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    self.put(name, b"")
+                    return
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
+                    self.put(name, view)
+        except OSError as e:
+            raise StorageError(f"cannot read {path} to write {name}: {e}") from e
 
     @abstractmethod
     def stat(self, name: str) -> ObjectInfo:

@@ -43,6 +43,7 @@ import hashlib
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, TypeVar
 
 from kvlog.errors import StorageError
@@ -405,6 +406,10 @@ class FaultyStorage(Storage):
 
     def put(self, name: str, data: BytesLike) -> None:
         self._forward("put", name, lambda: self.inner.put(name, data))
+
+    def put_file(self, name: str, path: Path) -> None:
+        """Forwarded as a ``put`` (the same faults apply)."""
+        self._forward("put", name, lambda: self.inner.put_file(name, path))
 
     def stat(self, name: str) -> ObjectInfo:
         return self._forward("stat", name, lambda: self.inner.stat(name))

@@ -9,6 +9,7 @@ whole or not at all (``O_EXCL`` alone could expose a half-written file).
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import threading
@@ -161,6 +162,30 @@ class LocalStorage(Storage):
         try:
             tmp = self._write_tmp(final, data)
             os.replace(tmp, final)
+            self._sync_dir(final.parent)
+        except OSError as e:
+            raise StorageError(f"cannot write {name}: {e}") from e
+
+    def put_file(self, name: str, path: Path) -> None:
+        """As :meth:`put`, but moves ``path`` into place (fsynced first, as :meth:`put` syncs its
+        temporary file) when it lies on the store's file system; otherwise copies it."""
+        final = self._path(name)
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            if self.fsync:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            os.replace(path, final)
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise StorageError(f"cannot write {name}: {e}") from e
+            super().put_file(name, path)  # another file system: copy
+            return
+        self._count("put")
+        try:
             self._sync_dir(final.parent)
         except OSError as e:
             raise StorageError(f"cannot write {name}: {e}") from e
