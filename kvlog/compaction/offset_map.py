@@ -18,8 +18,12 @@ about n^2 / 2^97 (n keys): for 7.5 M keys, 3.6e-16. No fixed set of keys
 collides for every seed.
 
 An all-zero fingerprint marks an empty slot (a key whose fingerprint is zero
-is stored as 1). Open addressing with linear probing; insertion and lookup are
-vectorised with numpy over whole Arrow batches.
+is stored as 1). Open addressing with linear probing from a home slot that is
+the fingerprint's top 32 bits scaled to the slot count; insertion and lookup
+are vectorised with numpy over whole Arrow batches. Pass 1 inserts offsets in
+ascending order, so an insertion simply overwrites its key's slot; other
+orders keep the highest offset of each key. The table lives in an anonymous
+memory mapping whose pages :meth:`OffsetMap.release` hands back.
 
 This module does no I/O.
 """

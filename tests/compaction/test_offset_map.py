@@ -286,3 +286,39 @@ def test_home_slot_collisions_equal_a_dict_model(case: tuple[int, list[tuple[int
     got = table.lookup(np.array([k[0] for k in probe], dtype=np.uint64),
                        np.array([k[1] for k in probe], dtype=np.uint32)).tolist()
     assert got == [model.get(k, -1) for k in probe]
+
+
+def test_mapped_offsets_are_the_latest_offset_of_every_key() -> None:
+    table = OffsetMap(64 * SLOT_BYTES)
+    table.clear(base=100)
+    keys = [b"a", b"b", b"a", b"c", b"b", b"a"]
+    assert table.insert(*fps(keys), np.arange(100, 106, dtype=np.int64)) == 6
+    mapped = np.concatenate(list(table.mapped_offsets(rows=7)))
+    assert sorted(mapped.tolist()) == [3, 4, 5]  # c at 103, b at 104, a at 105 (relative to 100)
+
+
+def test_offsets_out_of_order_give_the_same_table_as_in_order() -> None:
+    keys = [b"k%d" % (i % 7) for i in range(40)]
+    hi, lo = fps(keys)
+    in_order, out_of_order = OffsetMap(64 * SLOT_BYTES), OffsetMap(64 * SLOT_BYTES)
+    for start in range(0, 40, 8):  # the ascending path
+        in_order.insert(hi[start : start + 8], lo[start : start + 8], np.arange(start, start + 8, dtype=np.int64))
+    for start in reversed(range(0, 40, 8)):  # the general path: later chunks first
+        out_of_order.insert(hi[start : start + 8], lo[start : start + 8], np.arange(start, start + 8, dtype=np.int64))
+    probe_hi, probe_lo = fps([b"k%d" % i for i in range(9)])
+    assert in_order.lookup(probe_hi, probe_lo).tolist() == out_of_order.lookup(probe_hi, probe_lo).tolist()
+    assert in_order.lookup(probe_hi, probe_lo).tolist() == [35, 36, 37, 38, 39, 33, 34, -1, -1]
+    assert in_order.size == out_of_order.size == 7
+
+
+def test_release_empties_the_table_and_it_can_be_filled_again() -> None:
+    table = OffsetMap(1 * MiB)
+    keys = [b"key-%d" % i for i in range(10_000)]
+    table.insert(*fps(keys), np.arange(10_000, dtype=np.int64))
+    table.release()
+    assert table.size == 0
+    assert (table.lookup(*fps(keys)) == -1).all()
+    assert len(np.concatenate(list(table.mapped_offsets()))) == 0
+    table.clear(base=50)
+    assert table.insert(*fps(keys[:3]), offsets(50, 51, 52)) == 3
+    assert table.lookup(*fps(keys[:4])).tolist() == [50, 51, 52, -1]

@@ -287,3 +287,23 @@ def test_a_directory_entry_that_disagrees_with_the_batch_is_refused() -> None:
     )
     with pytest.raises(CorruptDataError, match="truncated"):
         read_data_file(NAME, data, [beyond])
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+@settings(max_examples=30, deadline=None)
+@given(batches=batches_st)
+def test_decoding_keys_only_yields_the_key_column_of_the_whole_batch(compression: str,
+                                                                      batches: list[list[Row]]) -> None:
+    data, locations = write_file(batches, compression)
+    for loc in locations:
+        whole = decode_batch(NAME, batch_bytes(data, loc), loc)
+        keys = decode_batch(NAME, batch_bytes(data, loc), loc, keys_only=True)
+        assert keys.num_columns == 1 and keys.schema.names == ["key"]
+        assert keys.column(0).equals(whole.column(0))
+
+
+def test_decoding_keys_only_still_checks_the_whole_batch() -> None:
+    data, [loc] = write_file([[(b"a", b"1", 1), (b"b", b"2", 2)]], "zstd")
+    raw = batch_bytes(data, loc)
+    with pytest.raises(CorruptDataError, match="checksum"):
+        decode_batch(NAME, flipped(raw, len(raw) - 9, 0x01), loc, keys_only=True)

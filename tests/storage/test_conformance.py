@@ -465,3 +465,26 @@ def test_unknown_scheme_is_config_error() -> None:
         open_storage("ftp://x")
     with pytest.raises(ConfigError):
         open_storage("")
+
+
+@pytest.mark.parametrize("size", [0, 1, 70_000])
+def test_put_file_writes_the_file_s_bytes(storage: Storage, tmp_path: Path, size: int) -> None:
+    scratch = tmp_path / f"scratch-{size}.bin"
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    scratch.write_bytes(payload)
+    storage.put("obj/from-file.bin", b"older")
+    storage.put_file("obj/from-file.bin", scratch)
+    assert storage.read("obj/from-file.bin") == payload
+    assert storage.stat("obj/from-file.bin").size == size
+
+
+def test_local_put_file_moves_the_file_into_place(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "root")
+    scratch = tmp_path / "root-scratch.bin"
+    scratch.write_bytes(b"moved, not copied")
+    inode = scratch.stat().st_ino
+    storage.put_file("data/x.bin", scratch)
+    assert not scratch.exists()
+    assert (tmp_path / "root" / "data" / "x.bin").stat().st_ino == inode
+    assert storage.read("data/x.bin") == b"moved, not copied"
+    assert storage.requests["put"] == 1
