@@ -19,10 +19,10 @@ Per partition, in ascending order, over the inputs in commit order:
 Records move through both passes as Arrow arrays: fingerprints, map
 operations and the keep mask are numpy, and survivors are Arrow filters of the
 input batches. In both passes a worker thread reads, checks and decodes the
-batches and does the per-batch numpy work (fingerprints; the survivors) while
-the calling thread inserts into the map or writes the output; the batches read
-ahead are bounded in bytes (:data:`PASS_ONE_AHEAD_BYTES`,
-:data:`PASS_TWO_AHEAD_BYTES`).
+batches (and in pass 2 selects the survivors) while the calling thread
+fingerprints keys and inserts them into the map (pass 1) or writes the output
+(pass 2); the batches read ahead are bounded in bytes
+(:data:`PASS_ONE_AHEAD_BYTES`, :data:`PASS_TWO_AHEAD_BYTES`).
 
 Each input file is read through at most two forward-only streams, A and B:
 on object storage, exactly two GETs per input file per job, however many
@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
 
-from kvlog.compaction.offset_map import MAX_RELATIVE_OFFSET, U32, U64, OffsetMap, fingerprints
+from kvlog.compaction.offset_map import MAX_RELATIVE_OFFSET, OffsetMap, fingerprints
 from kvlog.compaction.planner import Plan
 from kvlog.config import StoreConfig
 from kvlog.errors import CorruptDataError, KvlogError
@@ -61,8 +61,8 @@ OUTPUT_BATCH_RECORDS = 65_536
 #: Records fingerprinted and mapped at once.
 MAP_CHUNK_RECORDS = 65_536
 #: Stored bytes of input batches that pass 1 reads ahead of the batch whose keys are being
-#: mapped (what it keeps of a batch is its fingerprints, a small fraction of the batch).
-PASS_ONE_AHEAD_BYTES = 32 * 2**20
+#: mapped (what it keeps of a batch is its keys, a small fraction of the batch).
+PASS_ONE_AHEAD_BYTES = 16 * 2**20
 #: Stored bytes of input batches that pass 2 (and a copy) reads ahead of the batch being
 #: written: a batch larger than this is read only once the one before it is written, so at
 #: most one decoded batch of that size is held at a time.
@@ -384,8 +384,9 @@ def _pass_one(first_dirty: int, first_uncleanable: int, batches: Sequence[Mappin
     """Build the map over the dirty range; return the round's end and the latest record of
     every key in the round (relative to ``first_dirty``).
 
-    The worker thread decodes each batch's keys and fingerprints those in the dirty range; this
-    thread inserts them into the map in offset order.
+    The worker thread reads and decodes each batch's keys; this thread fingerprints those in the
+    dirty range and inserts them into the map in offset order (both numpy work in small steps:
+    on one thread they do not contend for the GIL at every step).
     """
     offset_map.clear(base=first_dirty)
     limit = min(first_uncleanable, first_dirty + MAX_RELATIVE_OFFSET + 1)
@@ -393,18 +394,18 @@ def _pass_one(first_dirty: int, first_uncleanable: int, batches: Sequence[Mappin
     last_mapped = first_dirty - 1
     dirty = [b for b in batches if b["last"] >= first_dirty and b["base"] < limit]
 
-    def prepare(batch: Mapping[str, Any], records: pa.RecordBatch) -> tuple[np.ndarray, U64, U32]:
+    def prepare(batch: Mapping[str, Any], records: pa.RecordBatch) -> tuple[np.ndarray, pa.Array]:
         offsets = _offsets(batch)
         start, stop = (int(i) for i in np.searchsorted(offsets, [first_dirty, limit]))
-        hi, lo = fingerprints(records.column(0).slice(start, stop - start), seed)
-        return offsets[start:stop], hi, lo
+        return offsets[start:stop], records.column(0).slice(start, stop - start)
 
-    def consume(prepared: tuple[np.ndarray, U64, U32]) -> bool:
+    def consume(prepared: tuple[np.ndarray, pa.Array]) -> bool:
         nonlocal last_mapped, round_end
-        offsets, hi, lo = prepared
+        offsets, keys = prepared
         for chunk in range(0, len(offsets), MAP_CHUNK_RECORDS):  # bounds the temporaries of large batches
             end = min(len(offsets), chunk + MAP_CHUNK_RECORDS)
-            mapped = offset_map.insert(hi[chunk:end], lo[chunk:end], offsets[chunk:end])
+            hi, lo = fingerprints(keys.slice(chunk, end - chunk), seed)
+            mapped = offset_map.insert(hi, lo, offsets[chunk:end])
             if mapped:
                 last_mapped = int(offsets[chunk + mapped - 1])
             if mapped < end - chunk:
