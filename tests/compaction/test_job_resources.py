@@ -65,19 +65,21 @@ def test_outputs_are_built_in_a_spill_directory_that_the_job_removes(tmp_path: P
     store = make_store(tmp_path / "s", partitions=2)
     model = _fill(store, 200, 2)
     spill_root = store.log.env.path / runner_module.SPILL_DIR
-    seen: list[list[str]] = []
+    seen: list[Path] = []
     storage = store.log.storage
-    real_put = storage.put
+    real_put_file = storage.put_file
 
-    def put(name: str, data: Any) -> None:
-        if name.startswith("data/2/"):  # an output of the job: its spill file exists right now
-            seen.append(sorted(p.name for p in spill_root.rglob("*.arrow")))
-        real_put(name, data)
+    def put_file(name: str, path: Path) -> None:
+        if name.startswith("data/2/"):  # an output of the job, written from its spill file
+            assert path.is_file() and spill_root in path.parents
+            seen.append(path)
+        real_put_file(name, path)
 
-    monkeypatch.setattr(storage, "put", put)
+    monkeypatch.setattr(storage, "put_file", put_file)
     report = store.compact(force=True)
     assert report.files_out >= 1
-    assert seen and all(names for names in seen)
+    assert len(seen) == report.files_out
+    assert not any(path.exists() for path in seen)  # moved into the store (a local store)
     assert list(spill_root.iterdir()) == []  # the job's directory is gone
     assert dict(store.scan()) == model
     assert store.check() == []
