@@ -173,9 +173,12 @@ class _Streams:
             finally:
                 for future, _size in queued:
                     future.cancel()
-        # Decoded batches are allocated by the worker and freed by this thread; Arrow's allocator
-        # reuses that memory within the pass (handing it back after every batch would make each
-        # new batch fault its pages in again) and hands it back here.
+                # Arrow's allocator keeps freed memory in the heap of the thread that allocated
+                # it, and the worker allocated the decoded batches: it hands them back before it
+                # ends (an ended thread's heap would keep them). Within the pass the memory is
+                # reused; handing it back after every batch would make each new batch fault its
+                # pages in again.
+                pool.submit(pa.default_memory_pool().release_unused).result()
         pa.default_memory_pool().release_unused()
 
     def close(self) -> None:
