@@ -345,8 +345,9 @@ class Log:
 
     def write_data_file(
         self, level: int, batches: Sequence[tuple[int, pa.RecordBatch, dict[str, Any]]]
-    ) -> tuple[FileEntry, bytes]:
-        """Write one data file of ``(partition, records, batch fields)`` (sorted by partition)."""
+    ) -> tuple[FileEntry, memoryview]:
+        """Write one data file of ``(partition, records, batch fields)`` (sorted by partition);
+        returns its entry and its bytes (a read-only view)."""
         self._check_open()
         if self.read_only:
             raise ReadOnlyError("the store is open read-only")
@@ -354,7 +355,7 @@ class Log:
         order = sorted(range(len(batches)), key=lambda i: batches[i][0])
         for i in order:
             writer.add(batches[i][1])
-        data, locations = writer.finish()
+        data, locations = writer.finish_view()  # the writer's own buffer, not a copy
         file_id = self.new_id()
         path = data_file_name(level, file_id)
         entries = []

@@ -51,6 +51,8 @@ _LONG = 2
 #: :data:`INLINE_FLAG` is a short key's entry with its value inline from byte INDEX_HEAD_BYTES on.
 INDEX_HEAD_BYTES = _INDEX_HEAD.size
 INLINE_FLAG = _INLINE
+#: Index entries handed to one ``putmulti`` call (their Python objects exist one chunk at a time).
+_PUT_CHUNK = 8192
 _HEAD_DTYPE = np.dtype([("p", ">u2"), ("o", ">u8"), ("f", "u1")])
 _SCAN_CHUNK = 512
 _FIRST = itemgetter(0)
@@ -558,7 +560,10 @@ class MetaTxn(MetaReader):
             empty = pa.scalar(b"", pa.binary())
             encoded = pc.binary_join_element_wise(head_array, pc.if_else(inline, values, empty), b"")
         with self.txn.cursor(db=self._db["index"]) as cur:
-            cur.putmulti(zip(keys.to_pylist(), encoded.to_pylist(), strict=True))
+            # Python objects for one chunk at a time: a flush's worth at once is tens of MiB.
+            for start in range(0, m, _PUT_CHUNK):
+                cur.putmulti(zip(keys.slice(start, _PUT_CHUNK).to_pylist(),
+                                 encoded.slice(start, _PUT_CHUNK).to_pylist(), strict=True))
 
     def index_delete(self, key: bytes) -> None:
         self.txn.delete(encode_index_key(key), db=self._db["index"])
