@@ -455,6 +455,12 @@ def _pass_two(partition: int, batches: Sequence[Mapping[str, Any]], streams: _St
             cleaning.offset_map.release()
         return kept
 
+    streams.process("B", batches, prepare, _writing(partition, output, result), ahead_bytes=PASS_TWO_AHEAD_BYTES)
+
+
+def _writing(partition: int, output: OutputWriter, result: JobResult) -> Callable[[_Kept], bool]:
+    """Pass 2's consumer: write what a batch keeps and count it."""
+
     def consume(kept: _Kept) -> bool:
         for records, offsets, horizon in kept.pieces:
             output.add_records(partition, records, offsets, horizon)
@@ -463,7 +469,7 @@ def _pass_two(partition: int, batches: Sequence[Mapping[str, Any]], streams: _St
         result.tombstones_removed += kept.tombstones_removed
         return True
 
-    streams.process("B", batches, prepare, consume, ahead_bytes=PASS_TWO_AHEAD_BYTES)
+    return consume
 
 
 def _select(batch: Mapping[str, Any], record_batch: pa.RecordBatch, cleaning: _Round, config: StoreConfig,
@@ -514,11 +520,4 @@ def _copy(partition: int, batches: Sequence[Mapping[str, Any]], streams: _Stream
         n = record_batch.num_rows
         return _Kept([(record_batch, _offsets(batch), batch.get("horizon"))], n, n)
 
-    def consume(kept: _Kept) -> bool:
-        for records, offsets, horizon in kept.pieces:
-            output.add_records(partition, records, offsets, horizon)
-        result.records_read += kept.read
-        result.records_written += kept.written
-        return True
-
-    streams.process("B", batches, prepare, consume, ahead_bytes=PASS_TWO_AHEAD_BYTES)
+    streams.process("B", batches, prepare, _writing(partition, output, result), ahead_bytes=PASS_TWO_AHEAD_BYTES)
