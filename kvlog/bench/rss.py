@@ -2,8 +2,10 @@
 
 Run as ``python -m kvlog.bench.rss --keys N --dir DIR``; prints one JSON
 object. The process writes N records (16-byte keys, 100-byte values) with
-buffered ``put`` and a final ``flush``, then reads a random sample with
-``get`` and the whole store with ``scan``. A thread samples ``RssAnon`` from
+buffered ``put`` and a final ``flush``, runs one forced compaction
+(``compact(force=True)``: every size goes through the same phases, so the
+compactor's fixed costs, such as loading its compiled kernels, are in both),
+then reads a random sample with ``get`` and the whole store with ``scan``. A thread samples ``RssAnon`` from
 ``/proc/self/status`` every few milliseconds; the peak is the largest sample
 (``VmHWM``, the kernel's own peak, counts memory-mapped LMDB pages too, so it
 is reported but not used: those pages are the page cache's, not the
@@ -105,6 +107,10 @@ def measure_store_memory(
         phases["write_s"] = time.perf_counter() - t0
         peak_write = sampler.mark()
         t0 = time.perf_counter()
+        compacted = store.compact(force=True)
+        phases["compact_s"] = time.perf_counter() - t0
+        peak_compact = sampler.mark()
+        t0 = time.perf_counter()
         picks = np.random.default_rng(seed + 1).integers(0, keys, size=min(gets, keys), dtype=np.uint64)
         missing = sum(1 for key in keys_at(picks, seed) if store.get(key) is None)
         phases["get_s"] = time.perf_counter() - t0
@@ -123,6 +129,8 @@ def measure_store_memory(
         "baseline_kib": baseline,
         "after_open_kib": after_open,
         "peak_write_kib": peak_write,
+        "peak_compact_kib": peak_compact,
+        "compacted_records_read": compacted.records_read,
         "peak_read_kib": peak_read,
         "peak_kib": sampler.peak,
         "final_kib": read_status_kib("RssAnon"),

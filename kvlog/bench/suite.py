@@ -965,9 +965,11 @@ def bench_store_memory(ctx: Context) -> dict[str, Any]:
     method = (
         f"Two fresh processes (python -m kvlog.bench.rss), one per size: each opens a new local "
         f"store, puts N records (16-byte keys, 100-byte values, generated 10,000 at a time so the "
-        f"driver holds little), flushes, then gets {ctx.settings.rss_gets:,} random keys and scans "
+        f"driver holds little), flushes, compacts once (compact(force=True), so both sizes go "
+        f"through the same phases and the compactor's fixed costs are in both), then gets "
+        f"{ctx.settings.rss_gets:,} random keys and scans "
         f"the whole store. A thread samples RssAnon from /proc/self/status every 5 ms; the figure "
-        f"is the peak sample (MiB) of the whole run; per-phase peaks (write, read), the baseline "
+        f"is the peak sample (MiB) of the whole run; per-phase peaks (write, compact, read), the baseline "
         f"after imports and VmHWM (which counts memory-mapped LMDB pages too, so is not used) are "
         f"in `runs_detail`. Growth = peak at {large:,} keys - peak at {small:,} keys."
     )

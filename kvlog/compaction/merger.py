@@ -14,15 +14,19 @@ Per partition, in ascending order, over the inputs in commit order:
   bitmap, so only the clean section's keys are fingerprinted twice. A
   tombstone that survives without a horizon is stamped
   ``now + delete_retention_ms``. The clean section comes first; once it is
-  done, the map's memory is handed back to the system for the rest of the pass.
+  done, the next partition's pass 1 may take the map over (after the last
+  cleaned partition, its memory is handed back to the system).
 
-Records move through both passes as Arrow arrays: fingerprints, map
-operations and the keep mask are numpy, and survivors are Arrow filters of the
-input batches. In both passes a worker thread reads, checks and decodes the
-batches (and in pass 2 selects the survivors) while the calling thread
-fingerprints keys and inserts them into the map (pass 1) or writes the output
-(pass 2); the batches read ahead are bounded in bytes
-(:data:`PASS_ONE_AHEAD_BYTES`, :data:`PASS_TWO_AHEAD_BYTES`).
+Records move through both passes as Arrow arrays: fingerprints and map
+operations are compiled loops over whole arrays (:mod:`kvlog.compaction.kernels`),
+the keep mask is numpy, and survivors are Arrow filters of the input batches.
+Partitions go through two stages that overlap: the calling thread runs pass 1
+of a partition while a writer thread runs pass 2 (or the copy) of the one
+before, as soon as that pass 2 no longer reads the map. In both passes a worker
+thread reads, checks and decodes the batches (and fingerprints the keys in
+pass 1, selects the survivors in pass 2) while the pass's thread inserts into
+the map (pass 1) or writes the output (pass 2); the batches read ahead are
+bounded in bytes (:data:`PASS_ONE_AHEAD_BYTES`, :data:`PASS_TWO_AHEAD_BYTES`).
 
 Each input file is read through at most two forward-only streams, A and B:
 on object storage, exactly two GETs per input file per job, however many
@@ -34,9 +38,11 @@ were removed.
 from __future__ import annotations
 
 import array
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -105,6 +111,7 @@ class _Streams:
         self._storage = storage
         self._open: dict[tuple[str, str], ForwardStream] = {}
         self.bytes_read = 0
+        self._count_lock = threading.Lock()  # pass 1 and pass 2 of different partitions read at once
 
     def read(self, which: str, batch: Mapping[str, Any], *, keys_only: bool = False) -> pa.RecordBatch:
         """The records of ``batch`` read through stream ``which`` (its keys alone with ``keys_only``)."""
@@ -118,7 +125,8 @@ class _Streams:
             self._open[key] = stream
         stream.skip_to(int(batch["pos"]))
         data = stream.read(int(batch["len"]))
-        self.bytes_read += len(data)
+        with self._count_lock:
+            self.bytes_read += len(data)
         location = BatchLocation(batch["pos"], batch["len"], batch["crc"], batch["n"], batch["bytes"],
                                  batch["ts"][0], batch["ts"][1])
         return decode_batch(batch["path"], data, location, keys_only=keys_only)
@@ -326,31 +334,80 @@ def run_job(
     spill_dir: Path | None = None,
 ) -> JobResult:
     """Run ``plan`` over the live batches of its input files; write outputs through ``write_file``
-    (built in ``spill_dir``, a local directory, when given)."""
+    (built in ``spill_dir``, a local directory, when given).
+
+    Partitions go in ascending order through two stages: this thread runs pass 1 (the map),
+    a writer thread runs pass 2 or the copy (the outputs). Pass 1 of a partition starts as soon
+    as pass 2 of the one before no longer needs the map, so the stages overlap while outputs
+    stay in partition order. The first failing partition (lowest first) fails the job, once
+    every stage already started has ended.
+    """
     result = JobResult(map_capacity=offset_map.capacity if offset_map is not None else 0)
     streams = _Streams(storage)
     output = OutputWriter(write_file, config, target_file_bytes, spill_dir)
+    writes: deque[Future[None]] = deque()
+    map_in_use: threading.Event | None = None  # set once the last round's pass 2 is done with the map
+    cleaned = [p for p in batches_by_partition if p in plan.clean] if offset_map is not None else []
+    last_cleaned = max(cleaned, default=None)
+
+    def write_stage(partition: int, batches: Sequence[Mapping[str, Any]], cleaning: _Round | None) -> None:
+        try:
+            if cleaning is not None:
+                _pass_two(partition, batches, streams, output, cleaning, config, now_ms, result)
+            else:
+                _copy(partition, batches, streams, output, result)
+        except PartitionFailure:
+            raise
+        except KvlogError as e:
+            raise PartitionFailure(partition, e) from e
+        finally:
+            if cleaning is not None:
+                cleaning.map_free.set()
+        if progress is not None:
+            progress(len(batches))
+
+    def raise_failed(*, wait: bool) -> None:
+        """Raise the failure of the earliest write stage that failed (waiting for all with ``wait``)."""
+        while writes and (wait or writes[0].done()):
+            future = writes.popleft()
+            if not future.cancelled():
+                future.result()
+
     try:
-        for partition in sorted(batches_by_partition):
-            batches = batches_by_partition[partition]
+        with ThreadPoolExecutor(1, thread_name_prefix="kvlog-compaction-write") as writer:
             try:
-                spec = plan.clean.get(partition)
-                if spec is not None and offset_map is not None:
-                    round_end, latest = _pass_one(spec.first_dirty, spec.first_uncleanable, batches, streams,
-                                                  offset_map, seed)
-                    if round_end < spec.first_uncleanable:
-                        result.partial = True
-                    result.checkpoints[partition] = round_end
-                    cleaning = _Round(spec.first_dirty, round_end, latest, offset_map, seed)
-                    _pass_two(partition, batches, streams, output, cleaning, config, now_ms, result)
-                else:
-                    _copy(partition, batches, streams, output, result)
-            except KvlogError as e:
-                if isinstance(e, PartitionFailure):
-                    raise
-                raise PartitionFailure(partition, e) from e
-            if progress is not None:
-                progress(len(batches))
+                for partition in sorted(batches_by_partition):
+                    batches = batches_by_partition[partition]
+                    spec = plan.clean.get(partition)
+                    cleaning = None
+                    if spec is not None and offset_map is not None:
+                        if map_in_use is not None:
+                            map_in_use.wait()
+                        raise_failed(wait=False)
+                        if len(writes) > 1:  # one stage writing and one waiting are enough
+                            wait_futures([writes[0]])
+                            raise_failed(wait=False)
+                        try:
+                            round_end, latest = _pass_one(spec.first_dirty, spec.first_uncleanable, batches,
+                                                          streams, offset_map, seed)
+                        except KvlogError as e:
+                            raise PartitionFailure(partition, e) from e
+                        if round_end < spec.first_uncleanable:
+                            result.partial = True
+                        result.checkpoints[partition] = round_end
+                        cleaning = _Round(spec.first_dirty, round_end, latest, offset_map, seed,
+                                          reused=partition != last_cleaned)
+                        if cleaning.reused and not any(int(b["base"]) < spec.first_dirty for b in batches):
+                            cleaning.map_free.set()  # no clean section: pass 2 never reads the map
+                        map_in_use = cleaning.map_free
+                    writes.append(writer.submit(write_stage, partition, batches, cleaning))
+                raise_failed(wait=True)
+            except BaseException:
+                for future in writes:
+                    future.cancel()
+                # An earlier partition's failure comes first; then this one.
+                raise_failed(wait=True)
+                raise
         result.outputs = output.finish()
     finally:
         output.abandon()
@@ -371,6 +428,10 @@ class _Round:
     of their key (what the map holds: one per key); the others are superseded."""
     offset_map: OffsetMap
     seed: int
+    reused: bool = False
+    """Whether a later partition's pass 1 takes the map over (its pages then stay resident)."""
+    map_free: threading.Event = field(default_factory=threading.Event)
+    """Set once pass 2 no longer reads the map (the next partition's pass 1 may then use it)."""
 
     def latest_in(self, first: int, last: int) -> np.ndarray:
         """The absolute offsets of latest records within ``first..last`` (both in the dirty range)."""
@@ -381,15 +442,20 @@ class _Round:
             return np.zeros(0, dtype=np.int64)
         return offsets_of(bitmap[low:high]).astype(np.int64) + self.first_dirty
 
+    def release_map(self) -> None:
+        """Let the next partition's pass 1 have the map, or hand its memory back after the last."""
+        if not self.reused:
+            self.offset_map.release()
+        self.map_free.set()
+
 
 def _pass_one(first_dirty: int, first_uncleanable: int, batches: Sequence[Mapping[str, Any]],
               streams: _Streams, offset_map: OffsetMap, seed: int) -> tuple[int, BitMap]:
     """Build the map over the dirty range; return the round's end and the latest record of
     every key in the round (relative to ``first_dirty``).
 
-    The worker thread reads and decodes each batch's keys; this thread fingerprints those in the
-    dirty range and inserts them into the map in offset order (both numpy work in small steps:
-    on one thread they do not contend for the GIL at every step).
+    The worker thread reads and decodes each batch's keys and fingerprints those in the dirty
+    range; this thread inserts them into the map in offset order.
     """
     offset_map.clear(base=first_dirty)
     limit = min(first_uncleanable, first_dirty + MAX_RELATIVE_OFFSET + 1)
@@ -397,18 +463,18 @@ def _pass_one(first_dirty: int, first_uncleanable: int, batches: Sequence[Mappin
     last_mapped = first_dirty - 1
     dirty = [b for b in batches if b["last"] >= first_dirty and b["base"] < limit]
 
-    def prepare(batch: Mapping[str, Any], records: pa.RecordBatch) -> tuple[np.ndarray, pa.Array]:
+    def prepare(batch: Mapping[str, Any], records: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         offsets = _offsets(batch)
         start, stop = (int(i) for i in np.searchsorted(offsets, [first_dirty, limit]))
-        return offsets[start:stop], records.column(0).slice(start, stop - start)
+        hi, lo = fingerprints(records.column(0).slice(start, stop - start), seed)
+        return offsets[start:stop], hi, lo
 
-    def consume(prepared: tuple[np.ndarray, pa.Array]) -> bool:
+    def consume(prepared: tuple[np.ndarray, np.ndarray, np.ndarray]) -> bool:
         nonlocal last_mapped, round_end
-        offsets, keys = prepared
+        offsets, hi, lo = prepared
         for chunk in range(0, len(offsets), MAP_CHUNK_RECORDS):  # bounds the temporaries of large batches
             end = min(len(offsets), chunk + MAP_CHUNK_RECORDS)
-            hi, lo = fingerprints(keys.slice(chunk, end - chunk), seed)
-            mapped = offset_map.insert(hi, lo, offsets[chunk:end])
+            mapped = offset_map.insert(hi[chunk:end], lo[chunk:end], offsets[chunk:end])
             if mapped:
                 last_mapped = int(offsets[chunk + mapped - 1])
             if mapped < end - chunk:
@@ -445,14 +511,14 @@ def _pass_two(partition: int, batches: Sequence[Mapping[str, Any]], streams: _St
     clean_batches = sum(1 for b in batches if int(b["base"]) < cleaning.first_dirty)
     selected = 0
     if not clean_batches:
-        cleaning.offset_map.release()
+        cleaning.release_map()
 
     def prepare(batch: Mapping[str, Any], record_batch: pa.RecordBatch) -> _Kept:
         nonlocal selected
         kept = _select(batch, record_batch, cleaning, config, now_ms)
         selected += 1
         if selected == clean_batches:
-            cleaning.offset_map.release()
+            cleaning.release_map()
         return kept
 
     streams.process("B", batches, prepare, _writing(partition, output, result), ahead_bytes=PASS_TWO_AHEAD_BYTES)

@@ -63,7 +63,7 @@ class _StreamOfMessage:
 
     closed = False
 
-    def __init__(self, batch_message: bytes | memoryview) -> None:
+    def __init__(self, batch_message: bytes | bytearray | memoryview) -> None:
         self._parts = [memoryview(_SCHEMA_MESSAGE), memoryview(batch_message).cast("B")]
         self._position = 0
 
@@ -211,7 +211,7 @@ def _first_message_end(data: bytes | memoryview) -> int:
     return 16 + int(length)
 
 
-def decode_batch(name: str, data: bytes | memoryview, location: BatchLocation, *,
+def decode_batch(name: str, data: bytes | bytearray | memoryview, location: BatchLocation, *,
                  keys_only: bool = False) -> pa.RecordBatch:
     """The record batch stored at ``location``, from exactly its bytes; verified.
 

@@ -49,8 +49,9 @@ class ForwardStream(Protocol):
         """Offset of the next byte :meth:`read` returns."""
         ...
 
-    def read(self, n: int) -> bytes:
-        """Up to ``n`` bytes; fewer only at the end of the object."""
+    def read(self, n: int) -> BytesLike:
+        """Up to ``n`` bytes; fewer only at the end of the object (a local file's stream returns
+        read-only views of a memory mapping, which stay valid after :meth:`close`)."""
         ...
 
     def skip_to(self, position: int) -> None:

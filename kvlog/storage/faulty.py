@@ -233,7 +233,7 @@ class _FaultyStream:
     def position(self) -> int:
         return self._inner.position
 
-    def read(self, n: int) -> bytes:
+    def read(self, n: int) -> BytesLike:
         return self._storage._run("stream_read", self._name, lambda: self._inner.read(n))
 
     def skip_to(self, position: int) -> None:

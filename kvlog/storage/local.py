@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import mmap
 import os
 import threading
 from pathlib import Path
@@ -25,30 +26,47 @@ _TMP_MARK = ".tmp-kvlog."
 
 
 class LocalStream:
-    """A forward-only stream over a local file."""
+    """A forward-only stream over a local file, read through a read-only memory mapping.
+
+    :meth:`read` returns views of the mapping, not copies: the file's pages come straight from
+    the page cache, and what a caller decodes from a view stays valid after :meth:`close` (the
+    mapping goes once no view of it is left). Data files are immutable and only ever deleted
+    whole, which leaves a mapping intact.
+    """
 
     def __init__(self, handle: BinaryIO, start: int) -> None:
-        self._handle = handle
-        self._handle.seek(start)
-        self._position = start
+        try:
+            size = os.fstat(handle.fileno()).st_size
+            self._mapping = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) if size else None
+        finally:
+            handle.close()
+        self._view = memoryview(self._mapping) if self._mapping is not None else memoryview(b"")
+        self._size = size
+        self._position = min(start, size)
 
     @property
     def position(self) -> int:
         return self._position
 
-    def read(self, n: int) -> bytes:
-        data = self._handle.read(n)
-        self._position += len(data)
+    def read(self, n: int) -> memoryview:
+        end = min(self._size, self._position + n)
+        data = self._view[self._position : end]
+        self._position = end
         return data
 
     def skip_to(self, position: int) -> None:
         if position < self._position:
             raise ValueError(f"stream is at {self._position}, cannot go back to {position}")
-        self._handle.seek(position)
-        self._position = position
+        self._position = min(position, self._size)
 
     def close(self) -> None:
-        self._handle.close()
+        self._view.release()
+        mapping, self._mapping = self._mapping, None
+        if mapping is not None:
+            try:
+                mapping.close()
+            except BufferError:
+                pass  # views of it are still in use: it is unmapped when the last one goes
 
 
 class LocalStorage(Storage):

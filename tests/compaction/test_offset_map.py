@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kvlog.compaction.offset_map as offset_map_module
+import kvlog.compaction.kernels as kernels_module
 from kvlog import ConfigError, StoreConfig
 from kvlog.compaction.offset_map import (
     MAX_RELATIVE_OFFSET,
@@ -176,15 +176,14 @@ def test_clear_empties_the_map_for_reuse() -> None:
 
 
 def test_an_all_zero_fingerprint_is_never_the_empty_mark(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_fold = offset_map_module._fold
+    real_kernel = kernels_module.nh_fingerprints
 
-    def zero_first(lanes, lengths, keying):  # type: ignore[no-untyped-def]
-        """The real folding, except that the first key's fingerprint is all zero bits (the empty mark)."""
-        hi, lo = real_fold(lanes, lengths, keying)
+    def zero_first(data, ends, material, first_mix, second_mix, hi, lo):  # type: ignore[no-untyped-def]
+        """The real hash, except that the first key's fingerprint is all zero bits (the empty mark)."""
+        real_kernel(data, ends, material, first_mix, second_mix, hi, lo)
         hi[0], lo[0] = 0, 0
-        return hi, lo
 
-    monkeypatch.setattr(offset_map_module, "_fold", zero_first)
+    monkeypatch.setattr(kernels_module, "nh_fingerprints", zero_first)
     hi, lo = fingerprints([b"zero", b"one"], SEED)
     assert (int(hi[0]), int(lo[0])) != (0, 0)
     assert (int(hi[1]), int(lo[1])) != (0, 0)
