@@ -319,3 +319,30 @@ def test_a_partition_that_failed_in_a_merge_is_cleared_when_a_merge_succeeds(tmp
         assert store.check() == []
     finally:
         store.close()
+
+
+def test_a_failing_read_at_any_point_of_the_overlapping_passes(template: Template, tmp_path: Path) -> None:
+    """Pass 1 of one partition overlaps pass 2 of the one before: whichever read fails, in
+    either pass of either partition, the job fails as a whole with one failing partition, the
+    store keeps its old state, and the next round (after the backoff) reaches the new one."""
+    reads = [e for e in template.events if e.op == "stream_read"]
+    assert len(reads) >= 8  # both passes of both partitions, over 4 files
+    for nth in range(1, len(reads) + 1):
+        path = copy_of(template, tmp_path / f"case-{nth}")
+        faulty = FaultyStorage(LocalStorage(path / "root", fsync=False),
+                               FaultPlan().fail("stream_read", "data/*", nth=nth))
+        store = open_case(path, ManualClock(template.start + 500), faulty)
+        try:
+            with pytest.raises(KvlogError):
+                store.compact(now_ms=template.now)
+            assert faulty.injected
+            failing = store.stats()["compaction"]["failing_partitions"]
+            assert len(failing) == 1, (nth, failing)
+            assert records(store) == template.old
+            assert store.check() == []
+            report = store.compact(now_ms=next(iter(failing.values()))["retry_at_ms"])
+            assert report.rounds == 1 and store.stats()["compaction"]["failing_partitions"] == {}
+            assert records(store) == template.new, nth
+        finally:
+            store.close()
+        shutil.rmtree(path)
