@@ -18,7 +18,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-$(STAMP): setup.cfg pyproject.toml | $(PY)
+$(STAMP): setup.cfg setup.py pyproject.toml kvlog/compaction/_kernels.c | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 

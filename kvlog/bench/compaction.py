@@ -143,8 +143,6 @@ METHOD = (
     "compaction is one Store.compact(force=True) in a fresh process (python -m "
     "kvlog.bench.compaction --child-compact) with background_compaction=False, flush_interval_ms=0 "
     "and the Python garbage collector on, as in real use; its time is the compact() call alone. "
-    "Before it, the child loads what a process loads once, on its first job: pyarrow's lazy "
-    "imports and the compiled kernels of the offset map (numba; their load is `kernels_load_s`). "
     "The I/O floor runs in the parent process after the compaction, on the same input files "
     "(still on disk: replaced inputs are deleted only by GC after file_delete_delay_ms), so both "
     "read from the same page cache. The machine is a shared virtual machine whose timings vary by "
@@ -290,15 +288,9 @@ def child_compact(path: str, settings: dict[str, Any]) -> dict[str, Any]:
     """In a fresh process: open the store at ``path``, compact it once, report time and RssAnon."""
     import kvlog as kv
 
-    # Warm what every kvlog process loads on its first batch (pyarrow's lazy imports) and on its
-    # first job (the compiled kernels), so the baseline holds it and the compaction's figures do
-    # not; the kernels' load is reported apart.
+    # Warm what every kvlog process loads on its first batch (pyarrow's lazy imports), so the
+    # baseline holds it and the compaction's figures do not.
     pa.array([b"x"], type=pa.binary()).to_pylist()
-    from kvlog.compaction.kernels import warm_up
-
-    t0 = perf_counter()
-    warm_up()
-    kernels_s = perf_counter() - t0
     store = kv.open(path, **settings)
     try:
         gc.collect()
@@ -314,7 +306,7 @@ def child_compact(path: str, settings: dict[str, Any]) -> dict[str, Any]:
         store.close()
     from kvlog.bench.machine import read_status_kib
 
-    return {"compact_s": seconds, "kernels_load_s": kernels_s, "baseline_kib": baseline, "peak_kib": peak,
+    return {"compact_s": seconds, "baseline_kib": baseline, "peak_kib": peak,
             "growth_kib": peak - baseline, "samples": sampler.samples,
             "vm_hwm_kib": read_status_kib("VmHWM"), "report": report.to_dict()}
 

@@ -20,9 +20,9 @@ Per partition, in ascending order, over the inputs in commit order:
 Records move through both passes as Arrow arrays: fingerprints and map
 operations are compiled loops over whole arrays (:mod:`kvlog.compaction.kernels`),
 the keep mask is numpy, and survivors are Arrow filters of the input batches.
-Partitions go through two stages that overlap: the calling thread runs pass 1
-of a partition while a writer thread runs pass 2 (or the copy) of the one
-before, as soon as that pass 2 no longer reads the map. In both passes a worker
+Partitions go through two stages, which may overlap (``run_job(overlap=True)``):
+the calling thread runs pass 1 of a partition while a writer thread runs pass 2
+(or the copy) of the one before, as soon as that pass 2 no longer reads the map. In both passes a worker
 thread reads, checks and decodes the batches (and fingerprints the keys in
 pass 1, selects the survivors in pass 2) while the pass's thread inserts into
 the map (pass 1) or writes the output (pass 2); the batches read ahead are
@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from kvlog.compaction.offset_map import MAX_RELATIVE_OFFSET, OffsetMap, fingerprints
@@ -58,21 +59,22 @@ from kvlog.errors import CorruptDataError, KvlogError
 from kvlog.format.bitmap import decode_offsets, encode_offsets, offsets_of
 from kvlog.format.commit import BatchEntry, FileEntry
 from kvlog.format.datafile import BatchLocation, DataFileWriter, decode_batch, make_record_batch
+from kvlog.memory import COMPACTION_POOL, release_unused_memory
 from kvlog.storage.base import BytesLike, ForwardStream, Storage
 
 __all__ = ["JobResult", "OutputWriter", "PartitionFailure", "WriteFile", "run_job", "OUTPUT_BATCH_RECORDS"]
 
 #: Records per output batch at most.
-OUTPUT_BATCH_RECORDS = 65_536
+OUTPUT_BATCH_RECORDS = 16_384
 #: Records fingerprinted and mapped at once.
 MAP_CHUNK_RECORDS = 65_536
 #: Stored bytes of input batches that pass 1 reads ahead of the batch whose keys are being
 #: mapped (what it keeps of a batch is its keys, a small fraction of the batch).
-PASS_ONE_AHEAD_BYTES = 16 * 2**20
+PASS_ONE_AHEAD_BYTES = 8 * 2**20
 #: Stored bytes of input batches that pass 2 (and a copy) reads ahead of the batch being
 #: written: a batch larger than this is read only once the one before it is written, so at
 #: most one decoded batch of that size is held at a time.
-PASS_TWO_AHEAD_BYTES = 8 * 2**20
+PASS_TWO_AHEAD_BYTES = 4 * 2**20
 
 _T = TypeVar("_T")
 
@@ -129,7 +131,7 @@ class _Streams:
             self.bytes_read += len(data)
         location = BatchLocation(batch["pos"], batch["len"], batch["crc"], batch["n"], batch["bytes"],
                                  batch["ts"][0], batch["ts"][1])
-        return decode_batch(batch["path"], data, location, keys_only=keys_only)
+        return decode_batch(batch["path"], data, location, keys_only=keys_only, memory_pool=COMPACTION_POOL)
 
     def process(self, which: str, batches: Sequence[Mapping[str, Any]],
                 prepare: Callable[[Mapping[str, Any], pa.RecordBatch], _T], consume: Callable[[_T], bool],
@@ -186,8 +188,8 @@ class _Streams:
                 # ends (an ended thread's heap would keep them). Within the pass the memory is
                 # reused; handing it back after every batch would make each new batch fault its
                 # pages in again.
-                pool.submit(pa.default_memory_pool().release_unused).result()
-        pa.default_memory_pool().release_unused()
+                pool.submit(release_unused_memory).result()
+        release_unused_memory()
 
     def close(self) -> None:
         for stream in self._open.values():
@@ -256,7 +258,7 @@ class OutputWriter:
         if self._rows < OUTPUT_BATCH_RECORDS and records.get_total_buffer_size() > 2 * records.nbytes + 2**16:
             # Kept past this call, a small slice of a large input batch would keep all of that
             # batch in memory while the next ones are read: keep a copy of the slice instead.
-            records = pa.concat_batches([records])
+            records = pa.concat_batches([records], memory_pool=COMPACTION_POOL)
         self._pieces.append(records)
         self._offsets.append(np.asarray(offsets, dtype=np.int64))
         if self._rows >= OUTPUT_BATCH_RECORDS:
@@ -277,7 +279,7 @@ class OutputWriter:
                     spill = self._spill_dir / f"output-{len(self.files)}.arrow"
                 self._writer = DataFileWriter(self._config.compression, spill)
             pieces = self._pieces
-            record_batch = pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
+            record_batch = pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces, memory_pool=COMPACTION_POOL)
             self._writer.add(record_batch)
             offsets = self._offsets[0] if len(self._offsets) == 1 else np.concatenate(self._offsets)
             base, last = int(offsets[0]), int(offsets[-1])
@@ -332,15 +334,17 @@ def run_job(
     target_file_bytes: int = 64 * 2**20,
     progress: Callable[[int], None] | None = None,
     spill_dir: Path | None = None,
+    overlap: bool = True,
 ) -> JobResult:
     """Run ``plan`` over the live batches of its input files; write outputs through ``write_file``
     (built in ``spill_dir``, a local directory, when given).
 
     Partitions go in ascending order through two stages: this thread runs pass 1 (the map),
-    a writer thread runs pass 2 or the copy (the outputs). Pass 1 of a partition starts as soon
-    as pass 2 of the one before no longer needs the map, so the stages overlap while outputs
-    stay in partition order. The first failing partition (lowest first) fails the job, once
-    every stage already started has ended.
+    a writer thread runs pass 2 or the copy (the outputs). With ``overlap``, pass 1 of a
+    partition starts as soon as pass 2 of the one before no longer needs the map, so the stages
+    overlap while outputs stay in partition order; without it, a stage starts once the one
+    before has ended (half the memory in flight, about 1.4 times the time). The first failing
+    partition (lowest first) fails the job, once every stage already started has ended.
     """
     result = JobResult(map_capacity=offset_map.capacity if offset_map is not None else 0)
     streams = _Streams(storage)
@@ -401,6 +405,8 @@ def run_job(
                             cleaning.map_free.set()  # no clean section: pass 2 never reads the map
                         map_in_use = cleaning.map_free
                     writes.append(writer.submit(write_stage, partition, batches, cleaning))
+                    if not overlap:
+                        raise_failed(wait=True)
                 raise_failed(wait=True)
             except BaseException:
                 for future in writes:
@@ -574,7 +580,8 @@ def _select(batch: Mapping[str, Any], record_batch: pa.RecordBatch, cleaning: _R
     if kept == cleaned_end:
         pieces.append((cleaned, offsets[:cleaned_end], new_horizon))
     elif kept:
-        pieces.append((cleaned.filter(pa.array(keep)), offsets[:cleaned_end][keep], new_horizon))
+        pieces.append((pc.filter(cleaned, pa.array(keep), memory_pool=COMPACTION_POOL), offsets[:cleaned_end][keep],
+                       new_horizon))
     if cleaned_end < n:
         pieces.append((record_batch.slice(cleaned_end), offsets[cleaned_end:], horizon))
     return _Kept(pieces, n, kept + n - cleaned_end, tombstones_removed)

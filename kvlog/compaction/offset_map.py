@@ -7,7 +7,8 @@ integer. ``offset_map_bytes`` of 128 MiB is 8,388,608 slots; filled to at most
 (Kafka: 24 bytes per entry, about 5.0 M keys; WarpStream: 41 bytes, about 3.27 M).
 
 Fingerprints are computed for a whole Arrow array at once, by a compiled loop
-(:mod:`kvlog.compaction.kernels`) over its buffers: three lanes of NH (the universal hash of UMAC) over the key's 32-bit words, keyed by
+(:mod:`kvlog.compaction.kernels`, in C) over its buffers: three lanes of NH
+(the universal hash of UMAC) over the key's 32-bit words, keyed by
 material derived from the store's seed (each lane's key shifted by two words,
 the Toeplitz construction), then mixed with the key's length by a 64-bit
 finalizer into 64 + 32 bits. For two distinct keys of equal length, each NH lane
@@ -33,11 +34,12 @@ from __future__ import annotations
 import mmap
 import sys
 from collections.abc import Iterator, Sequence
-from types import ModuleType
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+
+from kvlog.compaction import kernels
 
 __all__ = ["SLOT_BYTES", "MAX_RELATIVE_OFFSET", "OffsetMap", "fingerprints", "capacity_for"]
 
@@ -53,14 +55,6 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 #: Whether dropping the pages of a private anonymous mapping zeroes them (Linux semantics).
 _DROP_PAGES = sys.platform.startswith("linux") and hasattr(mmap, "MADV_DONTNEED")
 _MAP_ANONYMOUS: int = getattr(mmap, "MAP_ANONYMOUS", getattr(mmap, "MAP_ANON", 0))
-
-
-def _kernels() -> ModuleType:
-    """The compiled kernels, imported on first use: numba costs a process about 0.2 s and some
-    30 MiB, which only a process that compacts needs to pay."""
-    from kvlog.compaction import kernels
-
-    return kernels
 
 
 def _u64(values: npt.ArrayLike) -> U64:
@@ -137,11 +131,10 @@ def fingerprints(keys: pa.Array | pa.ChunkedArray | Sequence[bytes], seed: int) 
     buffers = binary.buffers()
     ends = np.frombuffer(buffers[1], dtype=np.int32, count=n + 1, offset=4 * binary.offset).astype(np.int64)
     data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-    data.flags.writeable = False  # one compiled variant, whether Arrow's buffer is mutable or not
     widest = int((ends[1:] - ends[:-1]).max())
     material = keying.material(2 * ((widest + 7) // 8))
     first_mix, second_mix = keying.length_mix
-    _kernels().nh_fingerprints(data, ends, material, first_mix, second_mix, hi, lo)
+    kernels.nh_fingerprints(data, ends, material, first_mix, second_mix, hi, lo)
     zero = (hi == 0) & (lo == 0)  # the empty slot's mark: such a key is stored as 1
     if zero.any():
         hi[zero] = 1
@@ -204,7 +197,7 @@ class OffsetMap:
     def lookup(self, hi: U64, lo: U32) -> I64:
         """The absolute offset mapped for each fingerprint, -1 where absent."""
         out = np.empty(len(hi), dtype=np.int64)
-        _kernels().lookup_rows(self._table, self.slots, _u64(hi), _u32(lo), out)
+        kernels.lookup_rows(self._table, self.slots, _u64(hi), _u32(lo), out)
         found = out >= 0
         out[found] += self.base
         return out
@@ -221,7 +214,7 @@ class OffsetMap:
         relative = np.asarray(offsets, dtype=np.int64) - self.base
         if relative.min() < 0 or relative.max() > MAX_RELATIVE_OFFSET:
             raise ValueError("offsets outside the pass's 32-bit relative range")
-        mapped, self.size = _kernels().insert_rows(self._table, self.slots, _u64(hi), _u32(lo), relative,
+        mapped, self.size = kernels.insert_rows(self._table, self.slots, _u64(hi), _u32(lo), relative,
                                                    self.size, self.capacity)
         return int(mapped)
 
@@ -230,5 +223,5 @@ class OffsetMap:
         key's latest), ``rows`` slots at a time, in slot order."""
         out = np.empty(min(rows, self.slots), dtype=np.uint32)
         for start in range(0, self.slots, rows):
-            count = _kernels().mapped_values(self._table[start : start + rows], out)
+            count = kernels.mapped_values(self._table[start : start + rows], out)
             yield out[:count].copy()

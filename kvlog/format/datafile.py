@@ -23,6 +23,7 @@ import pyarrow.ipc as ipc
 from kvlog.errors import CorruptDataError
 from kvlog.format.checksum import crc32c
 from kvlog.format.envelope import FORMAT_VERSION
+from kvlog.memory import ARROW_POOL
 
 __all__ = [
     "SCHEMA",
@@ -212,7 +213,7 @@ def _first_message_end(data: bytes | memoryview) -> int:
 
 
 def decode_batch(name: str, data: bytes | bytearray | memoryview, location: BatchLocation, *,
-                 keys_only: bool = False) -> pa.RecordBatch:
+                 keys_only: bool = False, memory_pool: pa.MemoryPool = ARROW_POOL) -> pa.RecordBatch:
     """The record batch stored at ``location``, from exactly its bytes; verified.
 
     With ``keys_only`` the batch holds the ``key`` column alone: the whole message is still
@@ -226,7 +227,7 @@ def decode_batch(name: str, data: bytes | bytearray | memoryview, location: Batc
         raise CorruptDataError(name, f"checksum mismatch in the batch at byte {location.position}")
     try:
         options = _KEYS_ONLY_OPTIONS if keys_only else _READ_OPTIONS
-        batch = ipc.open_stream(_StreamOfMessage(data), options=options).read_next_batch()
+        batch = ipc.open_stream(_StreamOfMessage(data), options=options, memory_pool=memory_pool).read_next_batch()
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:  # pragma: no cover - CRC first
         raise CorruptDataError(name, f"undecodable batch at byte {location.position} ({e})") from None
     if batch.num_rows != location.count:

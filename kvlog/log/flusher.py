@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 from kvlog.errors import KvlogError, ProducerError, StoreClosedError
@@ -31,7 +32,7 @@ from kvlog.format.datafile import SCHEMA
 from kvlog.index import TOMBSTONE, MemTable
 from kvlog.log.log import Log, PendingBatch
 from kvlog.log.producers import SEQUENCE_MODULUS
-from kvlog.memory import release_unused_memory
+from kvlog.memory import ARROW_POOL, release_unused_memory
 
 __all__ = ["Flusher", "RECORD_OVERHEAD_BYTES", "split_by_partition"]
 
@@ -59,7 +60,7 @@ def _binary_array(items: list[bytes]) -> pa.Array:
     offsets[0] = 0
     np.cumsum(np.fromiter(map(len, items), dtype=np.int64, count=n), out=offsets[1:])
     if offsets[-1] >= 2**31:
-        return pa.array(items, type=pa.binary())
+        return pa.array(items, type=pa.binary(), memory_pool=ARROW_POOL)
     return pa.Array.from_buffers(
         pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(items))]
     )
@@ -74,8 +75,8 @@ def split_by_partition(
     None."""
     n = len(keys)
     stamps = np.fromiter(stamps_ns, dtype=np.int64, count=n) // 1_000_000
-    value_array = pa.array(values, type=pa.binary()) if has_nulls else _binary_array(values)  # type: ignore[arg-type]
-    batch = pa.record_batch([_binary_array(keys), value_array, pa.array(stamps)], schema=SCHEMA)
+    value_array = pa.array(values, type=pa.binary(), memory_pool=ARROW_POOL) if has_nulls else _binary_array(values)  # type: ignore[arg-type]
+    batch = pa.record_batch([_binary_array(keys), value_array, pa.array(stamps, memory_pool=ARROW_POOL)], schema=SCHEMA)
     if partitions == 1:
         return [(0, batch)]
     hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, keys), dtype=np.uint64, count=n)
@@ -84,7 +85,7 @@ def split_by_partition(
     used = np.flatnonzero(counts)
     if len(used) == 1:
         return [(int(used[0]), batch)]
-    ordered = batch.take(pa.array(np.argsort(parts, kind="stable")))
+    ordered = pc.take(batch, pa.array(np.argsort(parts, kind="stable")), memory_pool=ARROW_POOL)
     out = []
     start = 0
     for p in used.tolist():

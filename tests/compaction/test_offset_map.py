@@ -321,3 +321,38 @@ def test_release_empties_the_table_and_it_can_be_filled_again() -> None:
     table.clear(base=50)
     assert table.insert(*fps(keys[:3]), offsets(50, 51, 52)) == 3
     assert table.lookup(*fps(keys[:4])).tolist() == [50, 51, 52, -1]
+
+
+def test_the_compiled_kernels_refuse_inputs_that_do_not_fit() -> None:
+    """The C loops check every size and type before they run: a bad call raises, it never reads
+    or writes out of bounds."""
+    data = np.frombuffer(b"abcdefgh", dtype=np.uint8)
+    material = np.zeros(8, dtype=np.uint32)
+    hi, lo = np.empty(1, dtype=np.uint64), np.empty(1, dtype=np.uint32)
+    with pytest.raises(ValueError, match="outside the key data"):
+        kernels_module.nh_fingerprints(data, np.array([0, 9], dtype=np.int64), material, np.uint64(1), np.uint64(2),
+                                       hi, lo)
+    with pytest.raises(ValueError, match="outside the key data"):
+        kernels_module.nh_fingerprints(data, np.array([4, 2], dtype=np.int64), material, np.uint64(1), np.uint64(2),
+                                       hi, lo)
+    with pytest.raises(ValueError, match="too small"):
+        kernels_module.nh_fingerprints(data, np.array([0, 4, 8], dtype=np.int64), material, np.uint64(1),
+                                       np.uint64(2), hi, lo)
+    with pytest.raises(ValueError, match="key material"):
+        kernels_module.nh_fingerprints(data, np.array([0, 8], dtype=np.int64), material[:5], np.uint64(1),
+                                       np.uint64(2), hi, lo)
+    with pytest.raises(TypeError, match="uint64"):
+        kernels_module.nh_fingerprints(data, np.array([0, 8], dtype=np.int64), material, np.uint64(1), np.uint64(2),
+                                       hi.astype(np.int64), lo)
+    table = np.zeros((4, 2), dtype=np.uint64)
+    with pytest.raises(ValueError, match="too small"):
+        kernels_module.insert_rows(table, 5, hi, lo, np.zeros(1, dtype=np.int64), 0, 4)
+    with pytest.raises(ValueError, match="one entry per record"):
+        kernels_module.insert_rows(table, 4, hi, lo, np.zeros(2, dtype=np.int64), 0, 4)
+    with pytest.raises(ValueError, match="too small"):
+        kernels_module.lookup_rows(table, 4, hi, lo, np.empty(0, dtype=np.int64))
+    with pytest.raises(ValueError, match="too small"):
+        kernels_module.mapped_values(table, np.empty(3, dtype=np.uint32))
+    with pytest.raises(TypeError, match="C-contiguous"):
+        kernels_module.mapped_values(table[::2], np.empty(4, dtype=np.uint32))
+    assert not table.any()  # nothing was written
