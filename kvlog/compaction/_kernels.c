@@ -34,6 +34,27 @@ static inline int64_t home_slot(uint64_t hi, uint64_t slots) {
     return (int64_t)(((hi >> 32) * slots) >> 32);
 }
 
+/* The row holding fingerprint (h, tag), or else the first empty row of its probe sequence
+ * (*empty set), or -1 when every row holds another fingerprint. */
+static inline int64_t find_row(const uint64_t *rows, Py_ssize_t slots, uint64_t h, uint64_t tag, int *empty) {
+    int64_t position = home_slot(h, (uint64_t)slots);
+    for (Py_ssize_t probe = 0; probe < slots; probe++) {
+        const uint64_t *row = rows + 2 * position;
+        if (row[0] == 0 && row[1] == 0) {
+            *empty = 1;
+            return position;
+        }
+        if (row[0] == h && (row[1] >> 32) == tag) {
+            *empty = 0;
+            return position;
+        }
+        if (++position == slots) {
+            position = 0;
+        }
+    }
+    return -1;
+}
+
 static int too_small(const char *what) {
     PyErr_Format(PyExc_ValueError, "%s is too small", what);
     return -1;
@@ -132,34 +153,18 @@ static PyObject *insert_rows(PyObject *self, PyObject *args) {
     for (; mapped < n; mapped++) {
         uint64_t h = hi[mapped];
         uint64_t value = ((uint64_t)lo[mapped] << 32) | (uint64_t)relative[mapped];
-        uint64_t tag = value >> 32;
-        int64_t position = home_slot(h, (uint64_t)slots);
-        int placed = 0;
-        for (Py_ssize_t probe = 0; probe < slots; probe++) {
-            uint64_t *row = rows + 2 * position;
-            if (row[0] == 0 && row[1] == 0) {
-                if (size >= capacity) {
-                    break;  /* a new key, and the table is at capacity */
-                }
-                row[0] = h;
-                row[1] = value;
-                size++;
-                placed = 1;
-                break;
-            }
-            if (row[0] == h && (row[1] >> 32) == tag) {
-                if (value > row[1]) {
-                    row[1] = value;
-                }
-                placed = 1;
-                break;
-            }
-            if (++position == slots) {
-                position = 0;
-            }
+        int empty = 0;
+        int64_t position = find_row(rows, slots, h, value >> 32, &empty);
+        if (position < 0 || (empty && size >= capacity)) {
+            break;  /* a new key, and the table is at capacity (or full) */
         }
-        if (!placed) {  /* at capacity, or every slot holds another key */
-            break;
+        uint64_t *row = rows + 2 * position;
+        if (empty) {
+            row[0] = h;
+            row[1] = value;
+            size++;
+        } else if (value > row[1]) {
+            row[1] = value;
         }
     }
     Py_END_ALLOW_THREADS
@@ -191,22 +196,9 @@ static PyObject *lookup_rows(PyObject *self, PyObject *args) {
     int64_t *out = (int64_t *)outs.buf;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
-        uint64_t h = hi[i], tag = lo[i];
-        int64_t position = home_slot(h, (uint64_t)slots);
-        out[i] = -1;
-        for (Py_ssize_t probe = 0; probe < slots; probe++) {
-            const uint64_t *row = rows + 2 * position;
-            if (row[0] == 0 && row[1] == 0) {
-                break;
-            }
-            if (row[0] == h && (row[1] >> 32) == tag) {
-                out[i] = (int64_t)(row[1] & 0xFFFFFFFFULL);
-                break;
-            }
-            if (++position == slots) {
-                position = 0;
-            }
-        }
+        int empty = 0;
+        int64_t position = find_row(rows, slots, hi[i], lo[i], &empty);
+        out[i] = (position < 0 || empty) ? -1 : (int64_t)(rows[2 * position + 1] & 0xFFFFFFFFULL);
     }
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
