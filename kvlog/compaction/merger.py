@@ -22,11 +22,12 @@ operations are compiled loops over whole arrays (:mod:`kvlog.compaction.kernels`
 the keep mask is numpy, and survivors are Arrow filters of the input batches.
 Partitions go through two stages, which may overlap (``run_job(overlap=True)``):
 the calling thread runs pass 1 of a partition while a writer thread runs pass 2
-(or the copy) of the one before, as soon as that pass 2 no longer reads the map. In both passes a worker
-thread reads, checks and decodes the batches (and fingerprints the keys in
-pass 1, selects the survivors in pass 2) while the pass's thread inserts into
-the map (pass 1) or writes the output (pass 2); the batches read ahead are
-bounded in bytes (:data:`PASS_ONE_AHEAD_BYTES`, :data:`PASS_TWO_AHEAD_BYTES`).
+(or the copy) of the one before, as soon as that pass 2 no longer reads the
+map. In both passes a worker thread reads, checks and decodes the batches (and
+fingerprints the keys in pass 1, selects the survivors in pass 2) while the
+pass's thread inserts into the map (pass 1) or writes the output (pass 2); the
+batches read ahead are bounded in bytes (:data:`PASS_ONE_AHEAD_BYTES`,
+:data:`PASS_TWO_AHEAD_BYTES`).
 
 Each input file is read through at most two forward-only streams, A and B:
 on object storage, exactly two GETs per input file per job, however many
@@ -343,7 +344,7 @@ def run_job(
     a writer thread runs pass 2 or the copy (the outputs). With ``overlap``, pass 1 of a
     partition starts as soon as pass 2 of the one before no longer needs the map, so the stages
     overlap while outputs stay in partition order; without it, a stage starts once the one
-    before has ended (half the memory in flight, about 1.4 times the time). The first failing
+    before has ended (half the memory in flight). The first failing
     partition (lowest first) fails the job, once every stage already started has ended.
     """
     result = JobResult(map_capacity=offset_map.capacity if offset_map is not None else 0)

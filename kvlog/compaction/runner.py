@@ -138,8 +138,9 @@ class Compactor:
     def run_once(self, *, force: bool = False, now_ms: int | None = None, overlap: bool = True) -> CompactionReport:
         """Plan and run one job, commit it, and report; an empty report when there is nothing to do.
 
-        ``overlap`` runs pass 1 of a partition beside pass 2 of the one before (faster, about twice
-        the memory in flight); the background thread runs its jobs without it, beside the writers.
+        ``overlap`` runs pass 1 of a partition beside pass 2 of the one before (faster, with about
+        twice the memory in flight); the background thread runs its jobs without it, beside the
+        application's writers.
         """
         with self._lock:
             started = self._clock.monotonic_s()
