@@ -67,8 +67,6 @@ __all__ = ["JobResult", "OutputWriter", "PartitionFailure", "WriteFile", "run_jo
 
 #: Records per output batch at most.
 OUTPUT_BATCH_RECORDS = 16_384
-#: Records fingerprinted and mapped at once.
-MAP_CHUNK_RECORDS = 65_536
 #: Stored bytes of input batches that pass 1 reads ahead of the batch whose keys are being
 #: mapped (what it keeps of a batch is its keys, a small fraction of the batch).
 PASS_ONE_AHEAD_BYTES = 8 * 2**20
@@ -479,14 +477,12 @@ def _pass_one(first_dirty: int, first_uncleanable: int, batches: Sequence[Mappin
     def consume(prepared: tuple[np.ndarray, np.ndarray, np.ndarray]) -> bool:
         nonlocal last_mapped, round_end
         offsets, hi, lo = prepared
-        for chunk in range(0, len(offsets), MAP_CHUNK_RECORDS):  # bounds the temporaries of large batches
-            end = min(len(offsets), chunk + MAP_CHUNK_RECORDS)
-            mapped = offset_map.insert(hi[chunk:end], lo[chunk:end], offsets[chunk:end])
-            if mapped:
-                last_mapped = int(offsets[chunk + mapped - 1])
-            if mapped < end - chunk:
-                round_end = last_mapped + 1
-                return False
+        mapped = offset_map.insert(hi, lo, offsets)  # one compiled call: no temporaries per record
+        if mapped:
+            last_mapped = int(offsets[mapped - 1])
+        if mapped < len(offsets):  # the map is full: the round ends after the last mapped record
+            round_end = last_mapped + 1
+            return False
         return True
 
     streams.process("A", dirty, prepare, consume, ahead_bytes=PASS_ONE_AHEAD_BYTES, keys_only=True)
