@@ -1,4 +1,4 @@
-"""Builds kvlog's one C extension; everything else about the package is in setup.cfg."""
+"""Builds kvlog's two C extensions; everything else about the package is in setup.cfg."""
 
 from setuptools import Extension, setup
 
@@ -8,6 +8,11 @@ setup(
             "kvlog.compaction._kernels",
             sources=["kvlog/compaction/_kernels.c"],
             extra_compile_args=["-O3", "-std=c11"],
-        )
+        ),
+        Extension(
+            "kvlog.format._columns",
+            sources=["kvlog/format/_columns.c"],
+            extra_compile_args=["-O3", "-std=c11"],
+        ),
     ]
 )

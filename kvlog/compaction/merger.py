@@ -58,6 +58,7 @@ from kvlog.compaction.planner import Plan
 from kvlog.config import StoreConfig
 from kvlog.errors import CorruptDataError, KvlogError
 from kvlog.format.bitmap import decode_offsets, encode_offsets, offsets_of
+from kvlog.format.columns import bool_column, valid_mask
 from kvlog.format.commit import BatchEntry, FileEntry
 from kvlog.format.datafile import BatchLocation, DataFileWriter, decode_batch, make_record_batch
 from kvlog.memory import COMPACTION_POOL, release_unused_memory
@@ -564,7 +565,7 @@ def _select(batch: Mapping[str, Any], record_batch: pa.RecordBatch, cleaning: _R
     tombstones_removed = 0
     values = record_batch.column(1)
     if values.null_count:
-        tombstone = values.is_null().to_numpy(zero_copy_only=False)[:cleaned_end]
+        tombstone = ~valid_mask(values)[:cleaned_end]
         if (tombstone & keep).any():
             if horizon is not None and now_ms >= horizon:
                 keep &= ~tombstone
@@ -577,7 +578,7 @@ def _select(batch: Mapping[str, Any], record_batch: pa.RecordBatch, cleaning: _R
     if kept == cleaned_end:
         pieces.append((cleaned, offsets[:cleaned_end], new_horizon))
     elif kept:
-        pieces.append((pc.filter(cleaned, pa.array(keep), memory_pool=COMPACTION_POOL), offsets[:cleaned_end][keep],
+        pieces.append((pc.filter(cleaned, bool_column(keep), memory_pool=COMPACTION_POOL), offsets[:cleaned_end][keep],
                        new_horizon))
     if cleaned_end < n:
         pieces.append((record_batch.slice(cleaned_end), offsets[cleaned_end:], horizon))

@@ -40,6 +40,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from kvlog.compaction import kernels
+from kvlog.format.columns import binary_column
 
 __all__ = ["SLOT_BYTES", "MAX_RELATIVE_OFFSET", "OffsetMap", "fingerprints", "capacity_for"]
 
@@ -111,7 +112,7 @@ def _binary(keys: pa.Array | pa.ChunkedArray | Sequence[bytes]) -> pa.BinaryArra
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks()
     if not isinstance(keys, pa.Array):
-        keys = pa.array(keys, type=pa.binary())
+        keys = binary_column(keys)
     if keys.type != pa.binary():
         keys = keys.cast(pa.binary())
     if keys.null_count:

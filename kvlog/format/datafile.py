@@ -16,12 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from kvlog.errors import CorruptDataError
 from kvlog.format.checksum import crc32c
+from kvlog.format.columns import binary_column, int64_column
 from kvlog.format.envelope import FORMAT_VERSION
 from kvlog.memory import ARROW_POOL
 
@@ -113,14 +115,8 @@ def make_record_batch(
     keys: Sequence[bytes], values: Sequence[bytes | None], timestamps: Sequence[int]
 ) -> pa.RecordBatch:
     """A record batch of the data-file schema from Python sequences."""
-    return pa.record_batch(
-        [
-            pa.array(keys, type=pa.binary()),
-            pa.array(values, type=pa.binary()),
-            pa.array(timestamps, type=pa.int64()),
-        ],
-        schema=SCHEMA,
-    )
+    stamps = np.fromiter(timestamps, dtype=np.int64, count=len(timestamps))
+    return pa.record_batch([binary_column(keys), binary_column(values), int64_column(stamps)], schema=SCHEMA)
 
 
 class DataFileWriter:

@@ -24,15 +24,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import xxhash
 
 from kvlog.errors import KvlogError, ProducerError, StoreClosedError
+from kvlog.format.columns import binary_column, int64_column
 from kvlog.format.datafile import SCHEMA
 from kvlog.index import TOMBSTONE, MemTable
 from kvlog.log.log import Log, PendingBatch
 from kvlog.log.producers import SEQUENCE_MODULUS
-from kvlog.memory import ARROW_POOL, release_unused_memory
+from kvlog.memory import release_unused_memory
 
 __all__ = ["Flusher", "RECORD_OVERHEAD_BYTES", "split_by_partition"]
 
@@ -53,44 +53,35 @@ class _InFlight:
     nbytes: int
 
 
-def _binary_array(items: list[bytes]) -> pa.Array:
-    """A binary array of non-null ``items`` (one join and one pass over the lengths)."""
-    n = len(items)
-    offsets = np.empty(n + 1, dtype=np.int64)
-    offsets[0] = 0
-    np.cumsum(np.fromiter(map(len, items), dtype=np.int64, count=n), out=offsets[1:])
-    if offsets[-1] >= 2**31:
-        return pa.array(items, type=pa.binary(), memory_pool=ARROW_POOL)
-    return pa.Array.from_buffers(
-        pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(items))]
-    )
-
-
 def split_by_partition(
     keys: list[bytes], values: list[bytes | None], stamps_ns: list[int], partitions: int,
-    *, has_nulls: bool = True,
 ) -> list[tuple[int, pa.RecordBatch]]:
     """One record batch per partition holding records, in write order, sorted by partition
-    (timestamps given in nanoseconds, stored in milliseconds). ``has_nulls=False``: no value is
-    None."""
+    (timestamps given in nanoseconds, stored in milliseconds; a None value is a tombstone)."""
     n = len(keys)
     stamps = np.fromiter(stamps_ns, dtype=np.int64, count=n) // 1_000_000
-    value_array = pa.array(values, type=pa.binary(), memory_pool=ARROW_POOL) if has_nulls else _binary_array(values)  # type: ignore[arg-type]
-    batch = pa.record_batch([_binary_array(keys), value_array, pa.array(stamps, memory_pool=ARROW_POOL)], schema=SCHEMA)
-    if partitions == 1:
-        return [(0, batch)]
-    hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, keys), dtype=np.uint64, count=n)
-    parts = (hashes % np.uint64(partitions)).astype(np.intp)
-    counts = np.bincount(parts, minlength=partitions)
-    used = np.flatnonzero(counts)
-    if len(used) == 1:
-        return [(int(used[0]), batch)]
-    ordered = pc.take(batch, pa.array(np.argsort(parts, kind="stable")), memory_pool=ARROW_POOL)
+    order = None
+    if partitions > 1:
+        hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, keys), dtype=np.uint64, count=n)
+        parts = (hashes % np.uint64(partitions)).astype(np.intp)
+        counts = np.bincount(parts, minlength=partitions)
+        used = np.flatnonzero(counts).tolist()
+        if len(used) > 1:
+            order = np.argsort(parts, kind="stable").astype(np.int64)
+            stamps = stamps[order]
+    else:
+        used = [0]
+    # The columns are made in partition order at once: one pass over the Python objects each.
+    batch = pa.record_batch(
+        [binary_column(keys, order), binary_column(values, order), int64_column(stamps)], schema=SCHEMA
+    )
+    if order is None:
+        return [(used[0], batch)]
     out = []
     start = 0
-    for p in used.tolist():
+    for p in used:
         count = int(counts[p])
-        out.append((p, ordered.slice(start, count)))
+        out.append((p, batch.slice(start, count)))
         start += count
     return out
 
@@ -120,7 +111,6 @@ class Flusher:
         self._keys: list[bytes] = []
         self._values: list[bytes | None] = []
         self._stamps: list[int] = []
-        self._deletes = False
         self._buffered_bytes = 0
         self._inflight: _InFlight | None = None
         self._inflight_bytes = 0
@@ -195,7 +185,6 @@ class Flusher:
                 self._stamps.append(stamp)
                 if value is None:
                     front[key] = TOMBSTONE
-                    self._deletes = True
                 else:
                     front[key] = value
             generation = self._taken + len(self._keys)
@@ -292,14 +281,12 @@ class Flusher:
             return self._inflight
         with self._lock:
             keys, values, stamps = self._keys, self._values, self._stamps
-            deletes = self._deletes
             generation = self._taken + len(keys)
             nbytes = self._buffered_bytes
             if not keys:
                 self._durable = max(self._durable, generation)
                 return None
             self._keys, self._values, self._stamps = [], [], []
-            self._deletes = False
             self._taken = generation
             self._memtable.freeze()
             self._buffered_bytes = 0
@@ -307,8 +294,7 @@ class Flusher:
             self._trigger = max(0, min(self._flush_bytes, self._max_unflushed - nbytes))
             self._kicked = False
         batches = []
-        for partition, records in split_by_partition(keys, values, stamps, self._partitions,
-                                                     has_nulls=deletes):
+        for partition, records in split_by_partition(keys, values, stamps, self._partitions):
             seq = self._next_sequence.get(partition, 0)
             batches.append(PendingBatch(partition, records, seq))
             self._next_sequence[partition] = (seq + records.num_rows) % SEQUENCE_MODULUS

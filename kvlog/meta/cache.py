@@ -27,8 +27,9 @@ from typing import Any, cast
 import lmdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from kvlog.format.columns import INDEX_HEAD_BYTES as _PACKED_HEAD_BYTES
+from kvlog.format.columns import binary_ends, index_pairs, int64_column, valid_mask
 from kvlog.log.producers import ProducerState, producer_from_json, producer_to_json
 from kvlog.meta.env import LmdbEnv
 from kvlog.meta.keys import DIRECT_KEY_BYTES, encode_index_key, is_long_encoded
@@ -50,10 +51,11 @@ _LONG = 2
 #: (flag 2) then the inline value (flag 1). A value whose byte :data:`INDEX_HEAD_BYTES` - 1 is
 #: :data:`INLINE_FLAG` is a short key's entry with its value inline from byte INDEX_HEAD_BYTES on.
 INDEX_HEAD_BYTES = _INDEX_HEAD.size
+if INDEX_HEAD_BYTES != _PACKED_HEAD_BYTES:  # kvlog.format.columns writes the same head in C
+    raise ImportError(f"index heads of {INDEX_HEAD_BYTES} and {_PACKED_HEAD_BYTES} bytes disagree")
 INLINE_FLAG = _INLINE
 #: Index entries handed to one ``putmulti`` call (their Python objects exist one chunk at a time).
 _PUT_CHUNK = 8192
-_HEAD_DTYPE = np.dtype([("p", ">u2"), ("o", ">u8"), ("f", "u1")])
 _SCAN_CHUNK = 512
 _FIRST = itemgetter(0)
 
@@ -501,19 +503,19 @@ class MetaTxn(MetaReader):
         n = len(keys)
         if n == 0:
             return
-        lengths = pc.binary_length(keys)
-        if pc.max(lengths).as_py() > DIRECT_KEY_BYTES:  # long keys: the general path
+        ends, data = binary_ends(keys)
+        lengths = np.diff(ends)
+        longest = int(lengths.max())
+        if longest > DIRECT_KEY_BYTES:  # long keys: the general path
             parts = np.broadcast_to(np.asarray(partition), (n,)).tolist()
             key_list = keys.to_pylist()
             for p, key, offset, value in zip(parts, key_list, offsets.tolist(), values.to_pylist(), strict=True):
                 self.index_apply(p, {key: (offset, value)}, inline_limit)
             return
-        width = pc.min(lengths).as_py()
-        if width == pc.max(lengths).as_py() and width > 0:
+        width = int(lengths.min())
+        if width == longest and width > 0:
             # Keys of one width: sort them (stable) as fixed-width byte strings, keep each key's last.
-            data = keys.buffers()[2]
-            begin = int(np.frombuffer(keys.buffers()[1], dtype=np.int32, count=1, offset=4 * keys.offset)[0])
-            fixed = np.frombuffer(data, dtype=f"S{width}", count=n, offset=begin)
+            fixed = np.frombuffer(data, dtype=f"S{width}", count=n, offset=int(ends[0]))
             order = np.argsort(fixed, kind="stable")
             ranked = fixed[order]
             last = np.empty(n, dtype=bool)
@@ -525,45 +527,27 @@ class MetaTxn(MetaReader):
             latest = dict(zip(key_list, range(n), strict=True))
             chosen = np.fromiter(sorted(latest.values(), key=key_list.__getitem__), dtype=np.int64,
                                  count=len(latest))
-        take = pa.array(chosen)
-        keys = keys.take(take)
-        values = values.take(take)
-        positions = offsets[chosen]
-        if isinstance(partition, np.ndarray):
-            partition = partition[chosen]
+        chosen = np.ascontiguousarray(chosen, dtype=np.int64)
         if values.null_count:
-            live = pc.is_valid(values)
-            dead = pc.invert(live)
+            live = valid_mask(values)[chosen]
             index_db = self._db["index"]
-            for key in keys.filter(dead).to_pylist():
+            for key in keys.take(int64_column(chosen[~live])).to_pylist():
                 self.txn.delete(key, db=index_db)
-            keys = keys.filter(live)
-            values = values.filter(live)
-            alive = np.asarray(live.to_numpy(zero_copy_only=False), dtype=bool)
-            positions = positions[alive]
-            if isinstance(partition, np.ndarray):
-                partition = partition[alive]
-        m = len(keys)
+            chosen = np.ascontiguousarray(chosen[live])
+        m = len(chosen)
         if m == 0:
             return
-        inline = pc.less_equal(pc.binary_length(values), inline_limit)
-        heads = np.empty(m, dtype=_HEAD_DTYPE)
-        heads["p"] = partition
-        heads["o"] = positions
-        heads["f"] = np.asarray(inline.to_numpy(zero_copy_only=False), dtype=np.uint8)
-        head_array = pa.FixedSizeBinaryArray.from_buffers(
-            pa.binary(_INDEX_HEAD.size), m, [None, pa.py_buffer(heads.tobytes())]
-        ).cast(pa.binary())
-        if not inline.false_count:
-            encoded = pc.binary_join_element_wise(head_array, values, b"")
+        if isinstance(partition, np.ndarray):
+            parts = np.ascontiguousarray(partition[chosen], dtype=np.uint16)
         else:
-            empty = pa.scalar(b"", pa.binary())
-            encoded = pc.binary_join_element_wise(head_array, pc.if_else(inline, values, empty), b"")
+            parts = np.full(m, partition, dtype=np.uint16)
+        positions = np.ascontiguousarray(offsets[chosen], dtype=np.int64)
         with self.txn.cursor(db=self._db["index"]) as cur:
             # Python objects for one chunk at a time: a flush's worth at once is tens of MiB.
             for start in range(0, m, _PUT_CHUNK):
-                cur.putmulti(zip(keys.slice(start, _PUT_CHUNK).to_pylist(),
-                                 encoded.slice(start, _PUT_CHUNK).to_pylist(), strict=True))
+                stop = start + _PUT_CHUNK
+                cur.putmulti(index_pairs(keys, values, chosen[start:stop], parts[start:stop],
+                                         positions[start:stop], inline_limit))
 
     def index_delete(self, key: bytes) -> None:
         self.txn.delete(encode_index_key(key), db=self._db["index"])
