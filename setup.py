@@ -1,4 +1,4 @@
-"""Builds kvlog's two C extensions; everything else about the package is in setup.cfg."""
+"""Builds kvlog's three C extensions; everything else about the package is in setup.cfg."""
 
 from setuptools import Extension, setup
 
@@ -7,6 +7,11 @@ setup(
         Extension(
             "kvlog.compaction._kernels",
             sources=["kvlog/compaction/_kernels.c"],
+            extra_compile_args=["-O3", "-std=c11"],
+        ),
+        Extension(
+            "kvlog.log._writebuffer",
+            sources=["kvlog/log/_writebuffer.c"],
             extra_compile_args=["-O3", "-std=c11"],
         ),
         Extension(

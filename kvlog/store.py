@@ -165,7 +165,8 @@ class Store:
                 and len(key) + len(value) <= self._max_record and flusher is not None
                 and not self._closed):
             if not sync:
-                flusher.put(key, value)
+                if flusher.buffer_put(key, value):
+                    flusher.after_trigger()
                 return
             flusher.write(((key, value),), sync=True)
             return
