@@ -119,6 +119,10 @@ static PyObject *WriteBuffer_put(WriteBuffer *self, PyObject *const *args, Py_ss
         PyErr_SetString(PyExc_TypeError, "put() takes a key and a value");
         return NULL;
     }
+    if (self->now_ns == NULL || self->acquire == NULL || self->release == NULL || self->memtable == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the write buffer was not initialised");
+        return NULL;
+    }
     PyObject *key = args[0], *value = args[1];
     if (!PyBytes_CheckExact(key) || !PyBytes_CheckExact(value)) {
         PyErr_SetString(PyExc_TypeError, "put() takes bytes (validated by the caller)");

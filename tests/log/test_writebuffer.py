@@ -97,3 +97,9 @@ def test_put_waits_for_the_lock() -> None:
         assert buffer.keys == []
     writer.join(5)
     assert done.is_set() and buffer.keys == [b"a"]
+
+
+def test_an_uninitialised_buffer_refuses_puts() -> None:
+    buffer = WriteBuffer.__new__(WriteBuffer)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        buffer.put(b"a", b"1")
