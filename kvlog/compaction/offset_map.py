@@ -40,7 +40,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from kvlog.compaction import kernels
-from kvlog.format.columns import binary_column
+from kvlog.format.columns import binary_column, binary_ends
 
 __all__ = ["SLOT_BYTES", "MAX_RELATIVE_OFFSET", "OffsetMap", "fingerprints", "capacity_for"]
 
@@ -129,9 +129,9 @@ def fingerprints(keys: pa.Array | pa.ChunkedArray | Sequence[bytes], seed: int) 
     if n == 0:
         return hi, lo
     keying = _Keying.of(seed)
-    buffers = binary.buffers()
-    ends = np.frombuffer(buffers[1], dtype=np.int32, count=n + 1, offset=4 * binary.offset).astype(np.int64)
-    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    offsets, key_data = binary_ends(binary)
+    ends = offsets.astype(np.int64)
+    data = np.frombuffer(key_data, dtype=np.uint8)
     widest = int((ends[1:] - ends[:-1]).max())
     material = keying.material(2 * ((widest + 7) // 8))
     first_mix, second_mix = keying.length_mix

@@ -90,23 +90,27 @@ static void WriteBuffer_dealloc(WriteBuffer *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* Remove the last item of the first `columns` columns (keys, values, stamps): a record taken back. */
+static void drop_last_record(WriteBuffer *self, int columns) {
+    PyObject *lists[3] = {self->keys, self->values, self->stamps};
+    for (int i = 0; i < columns; i++) {
+        PyList_SetSlice(lists[i], PyList_GET_SIZE(lists[i]) - 1, PY_SSIZE_T_MAX, NULL);
+    }
+}
+
 /* Append key, value and stamp to the columns, or leave them as they were. */
 static int append_record(WriteBuffer *self, PyObject *key, PyObject *value, PyObject *stamp) {
     PyObject *columns[3] = {self->keys, self->values, self->stamps};
     PyObject *items[3] = {key, value, stamp};
-    Py_ssize_t sizes[3];
     for (int i = 0; i < 3; i++) {
         if (columns[i] == NULL || !PyList_CheckExact(columns[i])) {
             PyErr_SetString(PyExc_TypeError, "the write buffer's columns must be lists");
             return -1;
         }
-        sizes[i] = PyList_GET_SIZE(columns[i]);
     }
     for (int i = 0; i < 3; i++) {
         if (PyList_Append(columns[i], items[i]) < 0) {
-            for (int j = 0; j < i; j++) {
-                PyList_SetSlice(columns[j], sizes[j], PY_SSIZE_T_MAX, NULL);
-            }
+            drop_last_record(self, i);
             return -1;
         }
     }
@@ -148,10 +152,7 @@ static PyObject *WriteBuffer_put(WriteBuffer *self, PyObject *const *args, Py_ss
         PyObject *front = PyObject_GetAttr(self->memtable, front_name);
         if (front == NULL || PyDict_SetItem(front, key, value) < 0) {
             failed = -1;
-            for (int i = 0; i < 3; i++) {  /* the record was appended: take it back */
-                PyObject *column = i == 0 ? self->keys : i == 1 ? self->values : self->stamps;
-                PyList_SetSlice(column, PyList_GET_SIZE(column) - 1, PY_SSIZE_T_MAX, NULL);
-            }
+            drop_last_record(self, 3);  /* the record was appended: take it back */
         }
         Py_XDECREF(front);
     }
