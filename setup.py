@@ -1,4 +1,4 @@
-"""Builds kvlog's three C extensions; everything else about the package is in setup.cfg."""
+"""Builds kvlog's four C extensions; everything else about the package is in setup.cfg."""
 
 from setuptools import Extension, setup
 
@@ -17,6 +17,11 @@ setup(
         Extension(
             "kvlog.format._columns",
             sources=["kvlog/format/_columns.c"],
+            extra_compile_args=["-O3", "-std=c11"],
+        ),
+        Extension(
+            "kvlog.meta._runs",
+            sources=["kvlog/meta/_runs.c"],
             extra_compile_args=["-O3", "-std=c11"],
         ),
     ]

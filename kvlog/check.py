@@ -139,6 +139,7 @@ def log_stats(log: Log) -> dict[str, Any]:
             "partitions": log.partitions,
             "version": r.version(),
             "live_keys": r.index_count(),
+            "index_runs": r.runs_pending(),
             "records": records,
             "files": len(files),
             "file_bytes": sum(e["size"] for e in files.values()),

@@ -66,6 +66,10 @@ class StoreConfig:
     """Bound of the in-memory read cache of decoded batches."""
     inline_value_bytes: int = 1024
     """Values up to this size are kept in the key index itself, so a get needs no data-file read."""
+    index_run_limit: int = 32
+    """A commit writes its key-index entries as one sorted run; past this many pending runs they
+    are merged into the index's B-tree (also when the writer is idle). 0: every commit writes
+    the B-tree itself."""
     l0_merge_files: int = 32
     """L0 files waiting before they are merged into L1."""
     file_delete_delay_ms: int = 60_000

@@ -93,7 +93,9 @@ class Store:
         # Keys the get fast path takes as they are: valid, and their own LMDB key.
         self._direct_key = min(self._max_key, DIRECT_KEY_BYTES)
         self._read_index = index_value_reader(log.env)
-        self._begin, self._index_db, self._map_resized = index_read_handles(log.env)
+        self._begin, self._index_db, self._map_resized, self._has_runs = index_read_handles(log.env)
+        # The id of the newest LMDB snapshot seen without index runs: the fast path's to read.
+        self._runless_snapshot = -1
         self._monotonic_s = self._clock.monotonic_s
         self._refresh_s = self.config.refresh_interval_ms / 1000.0
         self._closed = False
@@ -105,7 +107,7 @@ class Store:
             pid = producer_id if producer_id is not None else self._own_producer_id()
             producer = log.producer(pid)
             self._flusher = Flusher(log, producer.producer_id, producer.epoch, self._memtable)
-            log.apply_guard = self._memtable.lock  # writers pause while a commit is applied
+            log.index_guard = self._memtable.lock  # writers pause while the index is written per record
             if self.config.flush_interval_ms > 0:
                 self._flusher.start()
             self._compactor = Compactor(log)
@@ -216,6 +218,11 @@ class Store:
             except self._map_resized:
                 return self._get(key, default)
             try:
+                snapshot = txn.id()
+                if snapshot != self._runless_snapshot:
+                    if self._has_runs(txn):
+                        return self._get(key, default)  # pending index runs: the general path
+                    self._runless_snapshot = snapshot
                 raw = txn.get(key)
             finally:
                 txn.abort()
@@ -310,7 +317,7 @@ class Store:
                 # The chain consumes this before resuming us, so the snapshot is still open.
                 yield self._scan_entries(reader, [], resume, hi, pre, False)
         finally:
-            reader.txn.abort()
+            reader.close()
 
     def _scan(
         self, reader: MetaReader, front: list[Any], lo: bytes | None, hi: bytes | None,
@@ -319,7 +326,7 @@ class Store:
         try:
             yield from self._scan_entries(reader, front, lo, hi, pre, reverse)
         finally:
-            reader.txn.abort()
+            reader.close()
 
     def _scan_entries(
         self, reader: MetaReader, front: list[Any], lo: bytes | None, hi: bytes | None,
@@ -387,7 +394,7 @@ class Store:
                     count += 1
             return count
         finally:
-            reader.txn.abort()
+            reader.close()
 
     def __iter__(self) -> Iterator[bytes]:
         for key, _value in self.scan():
@@ -446,6 +453,7 @@ class Store:
                 self._flusher.stop()
                 if flush:
                     self._flusher.flush()
+                    self.log.settle_index()  # leave the index whole for the next process
                 else:
                     self._flusher.discard()
         finally:

@@ -220,7 +220,7 @@ def rebuild_index(spark: Any, uri: str, cache_dir: str | os.PathLike[str], *,
     the_log = open_log(uri, create=False, read_only=True, storage_options=storage_options,
                        cache_dir=cache_dir, config=config, maintain_index=False)
     try:
-        the_log.env.write(lambda txn: MetaTxn(the_log.env, txn).txn.drop(the_log.env.dbs["index"], delete=False))
+        the_log.env.write(lambda txn: MetaTxn(the_log.env, txn).clear_index())
         version = the_log.version
         latest = _reader(spark, uri, storage_options, view="latest", cache_dir=os.fspath(cache_dir))
         rows = latest.select("key", "partition", "offset", "value").orderBy(F.col("key"))

@@ -67,21 +67,22 @@ def rows(document: dict[str, Any]) -> list[dict[str, str]]:
                 row["result"] = {True: "pass", False: "MISS", None: "-"}[goal["met"]]
                 if "metric" in goal and goal.get("value") is not None:
                     row["note"] = f"growth {goal['value']:.1f} MiB"
-                bounds = entry.get("lower_bound", {})
-                bound = bounds.get("put_floor")
-                if bound and anchor["value"]:
-                    row["note"] = (f"lower bound of any Python put() + LMDB index: "
-                                   f"{bound['value'] / anchor['value']:.2f}x")
-                    in_commits = bounds.get("index_commit_txns")
-                    if in_commits and in_commits["value"]:
-                        row["note"] += (f"; the index alone, one txn per flush: "
-                                        f"{in_commits['value'] / anchor['value']:.2f}x")
-                    no_index = bounds.get("no_index")
-                    if no_index and no_index["value"]:
-                        row["note"] += (f"; kvlog without a key index: "
-                                        f"{no_index['value'] / anchor['value']:.2f}x")
+                context = entry.get("context", {})
+                notes = [(f"{name}: {context[key]['value'] / anchor['value']:.2f}x")
+                         for key, name in _CONTEXT_NOTES
+                         if key in context and context[key]["value"] and anchor["value"]]
+                if notes:
+                    row["note"] = "; ".join(notes)
             out.append(row)
     return out
+
+
+#: Figures measured beside an anchor, shown in the table's note: (key, what it is).
+_CONTEXT_NOTES = (
+    ("settled", "with the index runs settled"),
+    ("btree_per_commit", "writing the index B-tree per commit"),
+    ("no_index", "without a key index"),
+)
 
 
 def render_table(document: dict[str, Any], file: IO[str] | None = None) -> None:

@@ -49,7 +49,6 @@ from kvlog.bench.data import KEY_BYTES, VALUE_BYTES, make_keys, make_values, med
 from kvlog.bench.machine import machine_info
 from kvlog.clock import SystemClock
 from kvlog.config import StoreConfig
-from kvlog.format.columns import INDEX_HEAD_BYTES
 from kvlog.log.log import open_log
 
 __all__ = ["Settings", "FULL", "QUICK", "TINY", "run_suite", "SCHEMA"]
@@ -615,8 +614,8 @@ def bench_store_puts(ctx: Context) -> dict[str, Any]:
     lm_runs: list[float] = []
     sq_runs: list[float] = []
     calls_runs: list[float] = []
-    index_runs: list[float] = []
-    commit_index_runs: list[float] = []
+    settled_runs: list[float] = []
+    btree_runs: list[float] = []
     no_index_runs: list[float] = []
     flushes: list[int] = []
     began = perf_counter()
@@ -631,7 +630,11 @@ def bench_store_puts(ctx: Context) -> dict[str, Any]:
         for k, v in zip(keys, values, strict=True):
             put(k, v)
         store.flush()
-        kv_runs.append(n / (perf_counter() - t0))
+        elapsed = perf_counter() - t0
+        kv_runs.append(n / elapsed)
+        t0 = perf_counter()
+        store.log.settle_index()  # now, not in the background while the anchors run
+        settled_runs.append(n / (elapsed + perf_counter() - t0))
         flushes.append(int(store.stats()["flushes"]))
         ctx.store = store  # the last one serves the gets and the scan
 
@@ -647,10 +650,9 @@ def bench_store_puts(ctx: Context) -> dict[str, Any]:
         lm_runs.append(n / (perf_counter() - t0))
         ctx.lmdb_env = env
 
-        ctx.bar.describe(f"store: {n:,} put() calls alone, and the index in one and in {flushes[-1]} txns")
+        ctx.bar.describe(f"store: {n:,} put() calls alone, and puts + flush writing the B-tree per commit")
         calls_runs.append(n / _put_calls_seconds(ctx, keys, values))
-        index_runs.append(n / _index_txns_seconds(ctx, keys, values, 1))
-        commit_index_runs.append(n / _index_txns_seconds(ctx, keys, values, flushes[-1]))
+        btree_runs.append(n / _btree_puts_seconds(ctx, keys, values))
         ctx.bar.describe(f"store: {n:,} puts + flush into a log that keeps no key index")
         no_index_runs.append(n / _log_only_seconds(ctx, keys, values))
 
@@ -680,20 +682,15 @@ def bench_store_puts(ctx: Context) -> dict[str, Any]:
         f"Anchors: py-lmdb txn.put of every record in one write transaction of a new environment "
         f"(sync=True, metasync=True), commit included; sqlite3 (stdlib) executemany of INSERT OR "
         f"REPLACE into a WITHOUT ROWID table with a BLOB primary key, journal_mode=WAL, "
-        f"synchronous=FULL, one transaction, COMMIT included. Lower bound of any design with "
-        f"a Python put() per record and an LMDB key index (same run, reported beside the "
-        f"anchors, not as anchors): the put() calls alone into a store that never flushes "
-        f"(calls_only), and one sorted Cursor.putmulti of every record's index entry (key -> "
-        f"{INDEX_HEAD_BYTES}-byte head + inline value) in one transaction of a new py-lmdb "
-        f"environment (index_one_txn), the cheapest way py-lmdb can write them; their harmonic "
-        f"sum is put_floor. index_commit_txns writes the same entries in as many transactions as "
-        f"kvlog's run committed (one per flush, each sorted, an environment opened as kvlog opens "
-        f"its cache: writemap, no fsync): the index work alone of a store that updates its index "
-        f"in the commit's transaction, which is what DESIGN section 4 asks. no_index: the same "
-        f"puts and flush into a store whose log keeps no key index (open_log(maintain_index="
-        f"False)): the log's own cost, the most an index kept off the write path could reach."
+        f"synchronous=FULL, one transaction, COMMIT included. Beside the anchors (same run, "
+        f"not anchors): settled: the same kvlog run's puts + flush + settling the index runs "
+        f"its commits wrote into the index's B-tree (store.log.settle_index(), timed right after "
+        f"the flush), the rate sustained once the index is merged too; btree_per_commit: the "
+        f"same puts + flush into a store with index_run_limit=0, whose commits write the B-tree "
+        f"themselves (the design before index runs); calls_only: the put() calls alone into a "
+        f"store that never flushes; no_index: the same puts and flush into a log that keeps no "
+        f"key index (open_log(maintain_index=False)), the log's own cost."
     )
-    floor_runs = [1.0 / (1.0 / c + 1.0 / i) for c, i in zip(calls_runs, index_runs, strict=True)]
     return make_entry(
         "store.puts", "store", 4, "buffered puts + flush", method,
         measurement("kvlog", "kvlog put x n + flush()", "records/s", kv_runs, records=n,
@@ -701,16 +698,13 @@ def bench_store_puts(ctx: Context) -> dict[str, Any]:
         [measurement("lmdb", "py-lmdb puts, one txn", "records/s", lm_runs, records=n),
          measurement("sqlite", "sqlite3 executemany, WAL, one txn", "records/s", sq_runs, records=n)],
         seconds=perf_counter() - began,
-        lower_bound={
+        context={
+            "settled": measurement("settled", "kvlog puts + flush + index settled", "records/s",
+                                   settled_runs, records=n),
+            "btree_per_commit": measurement("btree_per_commit", "kvlog puts + flush, index_run_limit=0",
+                                            "records/s", btree_runs, records=n),
             "calls_only": measurement("calls_only", "kvlog put() calls, never flushed", "records/s",
                                       calls_runs, records=n),
-            "index_one_txn": measurement("index_one_txn", "py-lmdb sorted putmulti, one txn",
-                                         "records/s", index_runs, records=n),
-            "put_floor": measurement("put_floor", "put() calls + one-txn index", "records/s",
-                                     floor_runs, records=n),
-            "index_commit_txns": measurement("index_commit_txns", "py-lmdb sorted putmulti, one txn per flush",
-                                             "records/s", commit_index_runs, records=n,
-                                             transactions=flushes),
             "no_index": measurement("no_index", "kvlog puts + flush, no key index", "records/s",
                                     no_index_runs, records=n),
         },
@@ -731,6 +725,21 @@ def _put_calls_seconds(ctx: Context, keys: Sequence[bytes], values: Sequence[byt
         store.close(flush=False)
 
 
+def _btree_puts_seconds(ctx: Context, keys: Sequence[bytes], values: Sequence[bytes]) -> float:
+    """Seconds of ``store.put`` for every record then ``flush()``, into a store whose commits
+    write the index's B-tree themselves (``index_run_limit=0``)."""
+    store = ctx.open_store(ctx.new_dir("puts-btree"), index_run_limit=0)
+    try:
+        put = store.put
+        t0 = perf_counter()
+        for k, v in zip(keys, values, strict=True):
+            put(k, v)
+        store.flush()
+        return perf_counter() - t0
+    finally:
+        store.close()
+
+
 def _log_only_seconds(ctx: Context, keys: Sequence[bytes], values: Sequence[bytes]) -> float:
     """Seconds of ``store.put`` for every record then ``flush()``, into a log without a key index."""
     config = StoreConfig.from_settings(None, **ctx.settings.store_settings)
@@ -744,27 +753,6 @@ def _log_only_seconds(ctx: Context, keys: Sequence[bytes], values: Sequence[byte
         return perf_counter() - t0
     finally:
         store.close()
-
-
-def _index_txns_seconds(ctx: Context, keys: Sequence[bytes], values: Sequence[bytes], txns: int) -> float:
-    """Seconds of writing every record's index entry with sorted ``putmulti`` calls in ``txns``
-    transactions of consecutive records (one: a new environment as py-lmdb opens it; more: as kvlog
-    opens its cache, with ``writemap`` and no fsync)."""
-    head = bytes(INDEX_HEAD_BYTES)
-    n = len(keys)
-    step = -(-n // max(txns, 1))
-    chunks = [sorted(zip(keys[i:i + step], [head + v for v in values[i:i + step]], strict=True))
-              for i in range(0, n, step)]
-    options: dict[str, Any] = {} if txns <= 1 else {"writemap": True, "sync": False, "metasync": False}
-    env = lmdb.open(str(ctx.new_dir("puts-index")), map_size=ctx.lmdb_map_size(n), **options)
-    try:
-        t0 = perf_counter()
-        for chunk in chunks:
-            with env.begin(write=True) as txn, txn.cursor() as cursor:
-                cursor.putmulti(chunk)
-        return perf_counter() - t0
-    finally:
-        env.close()
 
 
 def _per_op_latency(get: Callable[[bytes], object], probe: Sequence[bytes]) -> list[float]:

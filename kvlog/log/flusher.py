@@ -12,10 +12,11 @@ for it. A flush that fails keeps its batches, with their producer sequences,
 and is retried first: the idempotent-producer rules make a resend that did
 land a harmless duplicate.
 
-Triggers: ``flush()``, a durable write, ``flush_bytes`` buffered (the
-background thread), ``flush_interval_ms`` elapsed (the background thread), and
-``max_unflushed_bytes`` (backpressure: the writer waits for the background
-flush, or flushes itself; never unbounded memory).
+Triggers: ``flush()``, a durable write, ``flush_bytes`` buffered (the writer
+whose put fills the buffer leads the flush), ``flush_interval_ms`` elapsed
+(the background thread, which also retries failed flushes), and
+``max_unflushed_bytes`` (backpressure: a writer flushes, or waits for the
+flush in flight; never unbounded memory).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def split_by_partition(
     order = None
     if partitions > 1:
         hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, keys), dtype=np.uint64, count=n)
-        parts = (hashes % np.uint64(partitions)).astype(np.intp)
+        parts = (hashes % np.uint64(partitions)).astype(np.uint16)  # 16 bits: numpy's radix sort
         counts = np.bincount(parts, minlength=partitions)
         used = np.flatnonzero(counts).tolist()
         if len(used) > 1:
@@ -121,7 +122,6 @@ class Flusher:
         # Generations count records: the buffer holds records _taken + 1 .. _taken + len(_buf.keys).
         self._taken = 0
         self._durable = 0
-        self._kicked = False
         self._flush_bytes = self._cfg.flush_bytes
         self._max_unflushed = self._cfg.max_unflushed_bytes
         self._buf.trigger = min(self._flush_bytes, self._max_unflushed)
@@ -192,31 +192,22 @@ class Flusher:
         with self._lock:
             over = self._buf.buffered_bytes + self._inflight_bytes > self._max_unflushed
             full = self._buf.buffered_bytes >= self._flush_bytes
-            if full and not over and self._thread is not None:
-                # The background flush is (being) kicked: writes need no attention until the
-                # bound is passed; the next flush resets the trigger.
-                self._buf.trigger = max(self._buf.trigger, self._max_unflushed - self._inflight_bytes + 1)
-        if self._thread is None:
-            if over or full:  # without a background flusher the writer flushes itself
+        if over or self._thread is None:
+            if over or full:  # backpressure, or no background flusher: the writer flushes
                 self.flush()
             return
-        if not over:
-            if full and not self._kicked:
-                self._kicked = True
-                with self._wake:
-                    self._wake.notify_all()
-            return
-        # Backpressure: wait for the background flush in flight, which then takes our buffer;
-        # flush ourselves if it cannot keep up or fails.
-        with self._wake:
-            self._kicked = True
-            self._wake.notify_all()
-            while (self._inflight is not None and self.last_error is None and self._fatal is None
-                   and not self._stop.is_set()
-                   and self._buf.buffered_bytes + self._inflight_bytes > self._max_unflushed):
-                self._wake.wait(1.0)
-        if self._buf.buffered_bytes + self._inflight_bytes > self._max_unflushed:
-            self.flush()
+        if full:
+            # The writer that fills the buffer leads its flush (writers arriving meanwhile wait
+            # for it as in a group commit). Handing it to the background thread instead is
+            # slower in CPython: a writer busy with puts holds the GIL, and the flusher waits a
+            # switch interval (5 ms) for it after each of the flush's many GIL releases.
+            try:
+                self.flush()
+            except KvlogError as e:
+                if self._fatal is not None:
+                    raise
+                # Not acknowledged yet, still buffered: the background flusher retries it.
+                log.warning("flush failed (the background flusher retries): %s", e)
 
     def flush(self) -> int:
         """Make every earlier write durable; return the applied commit version."""
@@ -284,7 +275,6 @@ class Flusher:
             self._buf.buffered_bytes = 0
             self._inflight_bytes = nbytes
             self._buf.trigger = max(0, min(self._flush_bytes, self._max_unflushed - nbytes))
-            self._kicked = False
         batches = []
         for partition, records in split_by_partition(keys, values, stamps, self._partitions):
             seq = self._next_sequence.get(partition, 0)
@@ -320,20 +310,39 @@ class Flusher:
         release_unused_memory()
 
     def _due(self) -> bool:
-        if self._inflight is not None or self._buf.buffered_bytes >= self._flush_bytes:
-            return True
+        if self._inflight is not None and not self._leading:
+            return True  # a failed flush, to retry
         stamps = self._buf.stamps
         return bool(stamps) and self._now_ns() - stamps[0] >= self._cfg.flush_interval_ms * 1_000_000
 
     def _run(self) -> None:
         interval_s = max(self._cfg.flush_interval_ms, 1) / 1000.0
         backoff = interval_s
+        monotonic_s = self._log.clock.monotonic_s
+        quiet_since: float | None = None  # when the writers were first seen quiet after flush quiet_after
+        quiet_after = -2
+        settled_after = -1  # the flush count when the index runs were last merged
         while not self._stop.is_set():
             with self._wake:
                 # Writers change the buffer before they notify under this lock: no lost wake-up.
                 if not self._due() or self._fatal is not None:
-                    self._wake.wait(timeout=interval_s)
-                    continue
+                    # Quiet for a whole interval since a flush: merge the key index's runs then.
+                    settle = False
+                    if (self._buf.keys or self._inflight is not None or self._fatal is not None
+                            or self.flushes == settled_after):
+                        quiet_since = None
+                    elif quiet_since is None or self.flushes != quiet_after:
+                        quiet_since, quiet_after = monotonic_s(), self.flushes
+                    elif monotonic_s() - quiet_since >= interval_s:
+                        quiet_since, settled_after, settle = None, self.flushes, True
+                    if not settle:
+                        self._wake.wait(timeout=interval_s)
+                        continue
+                else:
+                    settle = False
+            if settle:
+                self._settle_index()
+                continue
             try:
                 try:
                     with self._flush_lock:
@@ -347,3 +356,11 @@ class Flusher:
                 log.warning("background flush failed (will retry): %s", e)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
+
+    def _settle_index(self) -> None:
+        try:
+            self._log.settle_index()
+        except StoreClosedError:
+            self._stop.set()
+        except KvlogError as e:
+            log.warning("merging the key index's runs failed (the next quiet spell retries): %s", e)

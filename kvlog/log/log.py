@@ -104,16 +104,17 @@ class Log:
         self.batch_cache = BatchCache(storage, config.cache_bytes)
         self._apply_lock = threading.RLock()
         self._commit_lock = threading.RLock()
-        #: Held while a commit is applied to the cache. The store sets it to its write-buffer
+        #: Held while the key index's B-tree is written record by record: merging its runs, or
+        #: applying a commit when ``index_run_limit`` is 0. The store sets it to its write-buffer
         #: lock: py-lmdb releases the GIL around every record it writes, so a writer thread
         #: running meanwhile would make each of those records wait for the GIL; pausing writers
-        #: for the (short) apply is several times faster for both.
-        self.apply_guard: AbstractContextManager[Any] = nullcontext()
+        #: meanwhile is several times faster for both. (A commit's run is one LMDB write.)
+        self.index_guard: AbstractContextManager[Any] = nullcontext()
         self._own: dict[str, dict[tuple[str, int], pa.RecordBatch]] = {}
         self._closed = False
         self._settings = ApplySettings(
             config.producer_id_expiration_ms, config.file_delete_delay_ms, config.inline_value_bytes,
-            maintain_index,
+            maintain_index, config.index_run_limit,
         )
         self.maintain_index = maintain_index
         self.commits_written = 0
@@ -141,7 +142,12 @@ class Log:
             raise StoreClosedError("the log is closed")
 
     def reader(self) -> MetaReader:
-        """A consistent snapshot of the metadata; abort ``reader().txn`` when done (or use :meth:`snapshot`)."""
+        """A consistent snapshot of the metadata; ``close()`` it when done (or use :meth:`snapshot`)."""
+        for _attempt in range(4):
+            reader = MetaReader(self.env, self.env.read())
+            if reader.pin_runs():  # its index runs read in place, not copied
+                return reader
+            reader.close()  # a commit landed in between: take the newer snapshot
         return MetaReader(self.env, self.env.read())
 
     def snapshot(self, fn: Callable[[MetaReader], Any]) -> Any:
@@ -150,7 +156,15 @@ class Log:
         try:
             return fn(reader)
         finally:
-            reader.txn.abort()
+            reader.close()
+
+    def settle_index(self) -> int:
+        """Merge the key index's pending runs into its B-tree (writers paused); return how many."""
+        self._check_open()
+        if not self.snapshot(lambda r: r.runs_pending()):
+            return 0
+        with self.index_guard:
+            return int(self.env.write(lambda txn: MetaTxn(self.env, txn).settle_runs()))
 
     @property
     def version(self) -> int:
@@ -248,21 +262,24 @@ class Log:
 
         missing: list[str] = []
 
-        def work(txn: Any) -> bool:
+        def work(txn: Any) -> int | None:
             meta = MetaTxn(self.env, txn)
             if meta.version() != commit.version - 1:
-                return False
+                return None
             missing.clear()
             apply_commit(meta, commit, source, self._settings)
             if missing:
                 meta.put_meta("index_ready", b"0")  # rebuilt at the next open if we stop here
-            return True
+            return meta.runs_pending()
 
-        with self.apply_guard:
-            applied = self.env.write(work)
-        if applied:
+        limit = self._settings.index_run_limit
+        with self.index_guard if limit == 0 else nullcontext():
+            runs = self.env.write(work)
+        if runs is not None:
             self.commits_applied += 1
             self._index_stale = self._index_stale or bool(missing)
+            if runs > limit > 0:
+                self.settle_index()
 
     def outcome(self, commit_id: str) -> dict[str, Any] | None:
         """What applying commit ``commit_id`` decided, if it was applied here recently."""
@@ -635,7 +652,7 @@ def to_record_batch(valid: ValidRecords) -> pa.RecordBatch:
 
 
 def _clear_index(meta: MetaTxn) -> None:
-    meta.txn.drop(meta._db["index"], delete=False)
+    meta.clear_index()
     meta.put_meta("index_ready", b"0")
 
 

@@ -52,6 +52,8 @@ class ApplySettings:
     inline_value_bytes: int
     maintain_index: bool = True
     """False: replay keeps the metadata only (a bulk index load follows)."""
+    index_run_limit: int = 0
+    """Index runs pending before they are merged (0: write the index itself)."""
 
 
 def resolved_batch(file: FileEntry, batch: BatchEntry, base: int, last: int) -> dict[str, Any]:
@@ -86,21 +88,23 @@ def index_batch(
 
 
 def index_batches(
-    txn: MetaTxn, batches: list[tuple[int, int, pa.RecordBatch]], inline_limit: int
+    txn: MetaTxn, batches: list[tuple[int, int, pa.RecordBatch]], inline_limit: int, run_limit: int = 0,
 ) -> None:
     """Index the records of ``(partition, base offset, records)`` batches in order (a later batch
-    wins), in one sorted pass over the key index."""
+    wins), in one sorted pass: one index run, or straight into the index (``run_limit`` 0)."""
     batches = [b for b in batches if b[2].num_rows]
     if len(batches) <= 1:
         for partition, base, records in batches:
-            index_batch(txn, partition, base, records, inline_limit)
+            positions = np.arange(base, base + records.num_rows, dtype=np.int64)
+            txn.index_records(partition, records.column(0), records.column(1), positions, inline_limit,
+                              run_limit)
         return
     keys = pa.concat_arrays([records.column(0) for _p, _b, records in batches])
     values = pa.concat_arrays([records.column(1) for _p, _b, records in batches])
     positions = np.concatenate([np.arange(base, base + records.num_rows, dtype=np.int64)
                                 for _p, base, records in batches])
     partitions = np.concatenate([np.full(records.num_rows, p, dtype=np.int64) for p, _b, records in batches])
-    txn.index_records(partitions, keys, values, positions, inline_limit)
+    txn.index_records(partitions, keys, values, positions, inline_limit, run_limit)
 
 
 def apply_commit(
@@ -181,7 +185,7 @@ def _apply_append(
         live_batches.setdefault(file.file_id, []).append([batch.partition, last])
         if settings.maintain_index:
             to_index.append((batch.partition, base, source(file, i)))
-    index_batches(txn, to_index, settings.inline_value_bytes)
+    index_batches(txn, to_index, settings.inline_value_bytes, settings.index_run_limit)
     for file in commit.add:
         if file.file_id in live_batches:
             txn.put_file(file.file_id, _file_value(file, live_batches[file.file_id], commit.version,

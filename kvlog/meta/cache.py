@@ -10,12 +10,15 @@ Databases (all rebuildable from the storage root):
 ``outcomes``  commit id -> what applying it decided for each batch
 ``pending``   data-file path -> time after which it may be deleted
 ``index``     key -> (partition, offset[, inline value])
+``runs``      run number -> index run: later commits' index entries, not yet merged into ``index``
 ``cleaner``   partition -> cleaner checkpoint and state
 """
 
 from __future__ import annotations
 
+import heapq
 import json
+import operator
 import struct
 from bisect import bisect_left
 from collections.abc import Callable, Generator, Iterator
@@ -33,6 +36,7 @@ from kvlog.format.columns import binary_ends, index_pairs, int64_column, valid_m
 from kvlog.log.producers import ProducerState, producer_from_json, producer_to_json
 from kvlog.meta.env import LmdbEnv
 from kvlog.meta.keys import DIRECT_KEY_BYTES, encode_index_key, is_long_encoded
+from kvlog.meta.runs import RUN_ID, Buffer, build_run, run_entries, run_find, walk_run
 
 __all__ = [
     "INDEX_HEAD_BYTES", "INLINE_FLAG", "IndexEntry", "MetaTxn", "MetaReader", "decode_index_value",
@@ -102,26 +106,55 @@ def decode_index_value(key: bytes, value: bytes) -> IndexEntry:
     return _decode_index(encode_index_key(key), value)[1]
 
 
-def index_read_handles(env: LmdbEnv) -> tuple[Callable[[Any], Any], Any, type[Exception]]:
+def index_read_handles(
+    env: LmdbEnv,
+) -> tuple[Callable[[Any], Any], Any, type[Exception], Callable[[Any], bool]]:
     """For a caller's own fast path: ``begin(db)`` of a read transaction (``txn.get(lmdb_key)``
-    then ``txn.abort()``), the index database, and the error meaning "take the slow path"
-    (another process grew the map)."""
-    return env.env.begin, env.dbs["index"], lmdb.MapResizedError
+    then ``txn.abort()``), the index database, the error meaning "take the slow path" (another
+    process grew the map), and ``has_runs(txn)``: whether the snapshot holds index runs, which
+    the fast path does not read (take :func:`index_value_reader` then)."""
+    runs_db = env.dbs["runs"]
+
+    def has_runs(txn: Any) -> bool:
+        return bool(txn.stat(runs_db)["entries"])
+
+    return env.env.begin, env.dbs["index"], lmdb.MapResizedError, has_runs
+
+
+def _runs_newest_first(txn: lmdb.Transaction, runs_db: Any) -> list[Buffer]:
+    with txn.cursor(db=runs_db) as cur:
+        return [value for _key, value in cur.iterprev()] if cur.last() else []
+
+
+def _find_in_runs(runs: list[Buffer], lmdb_key: bytes) -> bytes | None:
+    """The newest run's entry for a key (``b""``: deleted), or None if no run has one."""
+    if len(lmdb_key) > DIRECT_KEY_BYTES:
+        return None  # runs hold short keys only; a long key's LMDB key is longer
+    for run in runs:
+        found = run_find(run, lmdb_key)
+        if found is not None:
+            return found
+    return None
 
 
 def index_value_reader(env: LmdbEnv) -> Callable[[bytes], bytes | None]:
-    """A function reading one raw index value by LMDB key, in a short read transaction of its own."""
+    """A function reading one raw index value by LMDB key, in a short read transaction of its
+    own: from the newest index run holding the key, else from the index."""
     db = env.dbs["index"]
+    runs_db = env.dbs["runs"]
 
     def read(lmdb_key: bytes) -> bytes | None:
         try:
-            txn = env.env.begin(db=db, buffers=False)
+            txn = env.env.begin(db=db, buffers=True)
         except lmdb.MapResizedError:
             env._adopt_size()
             return read(lmdb_key)
         try:
-            value: bytes | None = txn.get(lmdb_key)
-            return value
+            found = _find_in_runs(_runs_newest_first(txn, runs_db), lmdb_key)
+            if found is not None:
+                return found or None
+            value = txn.get(lmdb_key)
+            return None if value is None else bytes(value)
         finally:
             txn.abort()
 
@@ -129,21 +162,9 @@ def index_value_reader(env: LmdbEnv) -> Callable[[bytes], bytes | None]:
 
 
 def index_lookup(env: LmdbEnv, key: bytes) -> IndexEntry | None:
-    """One key's index entry in a short read transaction of its own (the ``get`` fast path)."""
-    lmdb_key = encode_index_key(key)
-    try:
-        with env.env.begin(db=env.dbs["index"], buffers=False) as txn:
-            value = txn.get(lmdb_key)
-    except lmdb.MapResizedError:
-        env._adopt_size()
-        return index_lookup(env, key)
-    if value is None:
-        return None
-    if value[10] == _INLINE:
-        # The common case, decoded without building the entry: a short key with its value inline.
-        partition, offset, _flags = _INDEX_HEAD.unpack_from(value)
-        return IndexEntry(partition, offset, value[_INDEX_HEAD.size:])
-    return _decode_index(lmdb_key, value)[1]
+    """One key's index entry in a short read transaction of its own."""
+    value = index_value_reader(env)(encode_index_key(key))
+    return None if value is None else decode_index_value(key, value)
 
 
 def _scan_bounds(start: bytes | None, stop: bytes | None, prefix: bytes | None) -> tuple[bytes | None, bytes | None]:
@@ -164,6 +185,16 @@ class MetaReader:
         self._env = env
         self.txn = txn
         self._db = env.dbs
+        self._run_cache: list[Buffer] | None = None
+        self._run_views: lmdb.Transaction | None = None
+
+    def close(self) -> None:
+        """End this snapshot (its transaction and the one its index runs are read through)."""
+        self.txn.abort()
+        if self._run_views is not None:
+            self._run_views.abort()
+            self._run_views = None
+        self._run_cache = None
 
     # -- meta ---------------------------------------------------------------------------------
     def get_meta(self, name: str) -> bytes | None:
@@ -257,13 +288,61 @@ class MetaReader:
 
     # -- key index ----------------------------------------------------------------------------
     def index_get(self, key: bytes) -> IndexEntry | None:
-        value = self.txn.get(encode_index_key(key), db=self._db["index"])
+        lmdb_key = encode_index_key(key)
+        found = _find_in_runs(self._runs(), lmdb_key)
+        if found is not None:
+            return _decode_index(lmdb_key, found)[1] if found else None
+        value = self.txn.get(lmdb_key, db=self._db["index"])
         if value is None:
             return None
-        return _decode_index(encode_index_key(key), bytes(value))[1]
+        return _decode_index(lmdb_key, bytes(value))[1]
 
     def index_count(self) -> int:
-        return int(self.txn.stat(self._db["index"])["entries"])
+        """Keys in the index (its pending runs applied)."""
+        count = int(self.txn.stat(self._db["index"])["entries"])
+        runs = self._runs()
+        if runs:
+            index_db = self._db["index"]
+            for key, value in _merge_runs(runs, None, None, reverse=False):
+                present = self.txn.get(key, db=index_db) is not None
+                if value and not present:
+                    count += 1
+                elif not value and present:
+                    count -= 1
+        return count
+
+    def runs_pending(self) -> int:
+        """Index runs of this snapshot not merged into the index yet."""
+        return int(self.txn.stat(self._db["runs"])["entries"])
+
+    def _runs(self) -> list[Buffer]:
+        """This snapshot's index runs, newest first (read once per reader)."""
+        if self._run_cache is None and not self.pin_runs():
+            # A commit landed between this reader's transaction and the second one: read copies
+            # (this transaction makes bytes), at most index_run_limit runs of one flush each.
+            self._run_cache = _runs_newest_first(self.txn, self._db["runs"])
+        assert self._run_cache is not None
+        return self._run_cache
+
+    def pin_runs(self) -> bool:
+        """Find this snapshot's index runs (if any) as views of the LMDB map, through a second read
+        transaction of the same snapshot kept as long as this reader; False if a commit landed
+        since this reader began (the second transaction would see another snapshot)."""
+        if self._run_cache is not None:
+            return True
+        if not self.runs_pending():
+            self._run_cache = []
+            return True
+        try:
+            views = self._env.env.begin(buffers=True)
+        except lmdb.Error:
+            return False
+        if views.id() != self.txn.id():
+            views.abort()
+            return False
+        self._run_views = views
+        self._run_cache = _runs_newest_first(views, self._db["runs"])
+        return True
 
     def index_scan(
         self,
@@ -276,8 +355,11 @@ class MetaReader:
         lower, upper = _scan_bounds(start, stop, prefix)
         if lower is not None and upper is not None and lower >= upper:
             return
+        runs = self._runs()
         with self.txn.cursor(db=self._db["index"]) as cur:
             entries = self._walk_reverse(cur, upper) if reverse else self._walk_forward(cur, lower)
+            if runs:
+                entries = _overlay(entries, _merge_runs(runs, lower, upper, reverse=reverse), reverse=reverse)
             for key, entry in entries:
                 if reverse:
                     if upper is not None and key >= upper:
@@ -302,6 +384,8 @@ class MetaReader:
         lower, upper = _scan_bounds(start, stop, prefix)
         if lower is not None and upper is not None and lower >= upper:
             return None
+        if self._runs():
+            return b"" if lower is None else lower  # pending runs: the general path merges them
         head = _INDEX_HEAD.size
         flag = head - 1
         # LMDB keys below ``cut`` are in the range; past a long ``upper``, long keys need their real keys.
@@ -400,8 +484,99 @@ def _sorted_runs(cur: lmdb.Cursor, *, forward: bool) -> Iterator[tuple[bytes, In
         yield from sorted(run, reverse=not forward)
 
 
+def _tagged(run: Buffer, age: int, lower: bytes | None, upper: bytes | None,
+            reverse: bool) -> Iterator[tuple[bytes, bytes, int]]:
+    for key, value in walk_run(run, lower, upper, reverse=reverse):
+        yield key, value, age
+
+
+def _merge_runs(runs: list[Buffer], lower: bytes | None, upper: bytes | None, *,
+                reverse: bool) -> Iterator[tuple[bytes, bytes]]:
+    """The entries of runs (newest first) with ``lower <= key < upper`` in key order (or
+    reverse), the newest entry of each key only (``b""``: deleted)."""
+    if len(runs) == 1:
+        yield from walk_run(runs[0], lower, upper, reverse=reverse)
+        return
+    streams = [_tagged(run, age, lower, upper, reverse) for age, run in enumerate(runs)]
+    # Equal keys come newest (age 0) first either way.
+    order: Callable[[tuple[bytes, bytes, int]], tuple[bytes, int]] = (
+        (lambda e: (e[0], -e[2])) if reverse else (lambda e: (e[0], e[2]))
+    )
+    last = None
+    for key, value, _age in heapq.merge(*streams, key=order, reverse=reverse):
+        if key != last:
+            last = key
+            yield key, value
+
+
+def _overlay(indexed: Iterator[tuple[bytes, IndexEntry]], pending: Iterator[tuple[bytes, bytes]], *,
+             reverse: bool) -> Iterator[tuple[bytes, IndexEntry]]:
+    """Index entries with the runs' entries (which win) merged in; deletions removed."""
+    before = operator.gt if reverse else operator.lt
+    ahead = next(pending, None)
+    for key, entry in indexed:
+        while ahead is not None and before(ahead[0], key):
+            if ahead[1]:
+                yield ahead[0], _decode_index(ahead[0], ahead[1])[1]
+            ahead = next(pending, None)
+        if ahead is not None and ahead[0] == key:
+            if ahead[1]:
+                yield key, _decode_index(key, ahead[1])[1]
+            ahead = next(pending, None)
+            continue
+        yield key, entry
+    while ahead is not None:
+        if ahead[1]:
+            yield ahead[0], _decode_index(ahead[0], ahead[1])[1]
+        ahead = next(pending, None)
+
+
 class MetaTxn(MetaReader):
     """Reads and writes within one LMDB write transaction."""
+
+    def _runs(self) -> list[Buffer]:
+        # This transaction changes the runs: read them afresh, as copies (it makes bytes).
+        return _runs_newest_first(self.txn, self._db["runs"])
+
+    # -- index runs -------------------------------------------------------------------------------
+    def add_run(self, run: bytes) -> None:
+        """Append an index run (it wins over every earlier run and the index)."""
+        db = self._db["runs"]
+        with self.txn.cursor(db=db) as cur:
+            number = RUN_ID.unpack(cur.key())[0] + 1 if cur.last() else 0
+        self.txn.put(RUN_ID.pack(number), run, db=db, append=True)  # the newest: the last key
+
+    def settle_runs(self) -> int:
+        """Merge the pending index runs into the index, oldest first; return how many."""
+        db = self._db["runs"]
+        index_db = self._db["index"]
+        with self.txn.cursor(db=db) as cur:
+            numbers = [bytes(number) for number in cur.iternext(values=False)]
+        for number in numbers:
+            run = self.txn.get(number, db=db)  # a copy (this transaction makes bytes): one at a time
+            assert run is not None
+            lower: bytes | None = None
+            while True:
+                chunk = run_entries(run, lower, None, _PUT_CHUNK)
+                puts = [pair for pair in chunk if pair[1]]
+                if len(puts) != len(chunk):
+                    for key, value in chunk:
+                        if not value:
+                            self.txn.delete(key, db=index_db)
+                if puts:
+                    with self.txn.cursor(db=index_db) as cur:
+                        cur.putmulti(puts)
+                if len(chunk) < _PUT_CHUNK:
+                    break
+                lower = chunk[-1][0] + b"\x00"
+        if numbers:
+            self.txn.drop(db, delete=False)
+        return len(numbers)
+
+    def _settle(self) -> None:
+        """Before a write straight into the index: merge the runs, which would otherwise win."""
+        if self.runs_pending():
+            self.settle_runs()
 
     def put_meta(self, name: str, value: bytes) -> None:
         self.txn.put(name.encode(), value, db=self._db["meta"])
@@ -455,6 +630,7 @@ class MetaTxn(MetaReader):
         self.txn.put(_PART_KEY.pack(partition), _dumps(state), db=self._db["cleaner"])
 
     def index_put(self, key: bytes, partition: int, offset: int, inline: bytes | None) -> None:
+        self._settle()
         lmdb_key = encode_index_key(key)
         flags = (_INLINE if inline is not None else 0) | (_LONG if len(key) > DIRECT_KEY_BYTES else 0)
         parts = [_INDEX_HEAD.pack(partition, offset, flags)]
@@ -468,6 +644,7 @@ class MetaTxn(MetaReader):
         self, partition: int, latest: dict[bytes, tuple[int, bytes | None]], inline_limit: int
     ) -> None:
         """Point many keys of ``partition`` at ``(offset, value)``; a None value deletes the key."""
+        self._settle()
         db = self._db["index"]
         puts = []
         for key, (offset, value) in latest.items():
@@ -480,6 +657,7 @@ class MetaTxn(MetaReader):
 
     def index_put_many(self, items: list[tuple[bytes, int, int, bytes]], inline_limit: int) -> None:
         """Write ``(key, partition, offset, value)`` entries; values up to ``inline_limit`` inline."""
+        self._settle()
         head = _INDEX_HEAD.pack
         puts = []
         for key, partition, offset, value in items:
@@ -495,11 +673,15 @@ class MetaTxn(MetaReader):
 
     def index_records(
         self, partition: int | np.ndarray, keys: pa.Array, values: pa.Array, offsets: np.ndarray,
-        inline_limit: int,
+        inline_limit: int, run_limit: int = 0,
     ) -> None:
         """Point ``keys`` (binary) at ``offsets`` of ``partition`` (one, or one per record) in one
         pass; the last record of a key wins, a null value (a tombstone) deletes it; values up to
-        ``inline_limit`` inline."""
+        ``inline_limit`` inline.
+
+        With ``run_limit`` > 0 and short keys only, the entries become one index run (the caller
+        merges the runs, :meth:`settle_runs`, once more than ``run_limit`` are pending);
+        otherwise they are written into the index at once."""
         n = len(keys)
         if n == 0:
             return
@@ -528,6 +710,15 @@ class MetaTxn(MetaReader):
             chosen = np.fromiter(sorted(latest.values(), key=key_list.__getitem__), dtype=np.int64,
                                  count=len(latest))
         chosen = np.ascontiguousarray(chosen, dtype=np.int64)
+        if run_limit > 0:
+            if isinstance(partition, np.ndarray):
+                run_parts = partition[chosen]
+            else:
+                run_parts = np.full(len(chosen), partition, dtype=np.uint16)
+            self.add_run(build_run(keys, values, chosen, run_parts, offsets[chosen],
+                                   valid_mask(values)[chosen], inline_limit))
+            return
+        self._settle()
         if values.null_count:
             live = valid_mask(values)[chosen]
             index_db = self._db["index"]
@@ -549,12 +740,18 @@ class MetaTxn(MetaReader):
                 cur.putmulti(index_pairs(keys, values, chosen[start:stop], parts[start:stop],
                                          positions[start:stop], inline_limit))
 
+    def clear_index(self) -> None:
+        """Empty the key index and its pending runs."""
+        self.txn.drop(self._db["index"], delete=False)
+        self.txn.drop(self._db["runs"], delete=False)
+
     def index_delete(self, key: bytes) -> None:
+        self._settle()
         self.txn.delete(encode_index_key(key), db=self._db["index"])
 
     def clear(self, *, keep_index: bool = False) -> None:
-        """Empty every database (the index too unless ``keep_index``)."""
+        """Empty every database (the index and its runs too unless ``keep_index``)."""
         for name, db in self._db.items():
-            if keep_index and name == "index":
+            if keep_index and name in ("index", "runs"):
                 continue
             self.txn.drop(db, delete=False)

@@ -34,7 +34,9 @@ __all__ = ["LmdbEnv", "acquire_env", "release_env", "DB_NAMES"]
 
 T = TypeVar("T")
 
-DB_NAMES = ("meta", "files", "batches", "parts", "producers", "outcomes", "pending", "index", "cleaner")
+DB_NAMES = (
+    "meta", "files", "batches", "parts", "producers", "outcomes", "pending", "index", "runs", "cleaner",
+)
 
 _registry: dict[str, tuple[LmdbEnv, int]] = {}
 _registry_lock = threading.Lock()

@@ -101,7 +101,8 @@ class StoreMachine(RuleBasedStateMachine):
         super().__init__()
         self.root = self.make_root()
         self.clock = kvlog.ManualClock()
-        self.settings: dict[str, Any] = {**EXPLICIT_FLUSH, **COMPACTION}
+        # A low run limit: reads meet pending index runs, and commits past the limit settle them.
+        self.settings: dict[str, Any] = {**EXPLICIT_FLUSH, **COMPACTION, "index_run_limit": 3}
         self.store = self.root.open(partitions=3, clock=self.clock, **self.settings)
         self.reader = self.root.open(cache="reader", read_only=True, clock=self.clock)
         self.model: dict[bytes, bytes] = {}
@@ -184,6 +185,12 @@ class StoreMachine(RuleBasedStateMachine):
         assert version >= self.version
         self.version = version
         self._made_durable()
+
+    @rule()
+    def settle_index(self) -> None:
+        """Merge the commits' index runs into the index's B-tree: no read may change."""
+        self.store.log.settle_index()
+        assert self.store.log.snapshot(lambda r: r.runs_pending()) == 0
 
     # -- reads ----------------------------------------------------------------------------------
     @rule(key=keys, as_str=st.booleans())
