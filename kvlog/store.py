@@ -28,7 +28,9 @@ from kvlog.meta import IndexEntry, MetaReader, MetaTxn
 from kvlog.meta.cache import (
     INDEX_HEAD_BYTES,
     INLINE_FLAG,
+    PinnedRuns,
     decode_index_value,
+    find_in_runs,
     index_read_handles,
     index_value_reader,
 )
@@ -93,9 +95,10 @@ class Store:
         # Keys the get fast path takes as they are: valid, and their own LMDB key.
         self._direct_key = min(self._max_key, DIRECT_KEY_BYTES)
         self._read_index = index_value_reader(log.env)
-        self._begin, self._index_db, self._map_resized, self._has_runs = index_read_handles(log.env)
+        self._begin, self._index_db, self._map_resized = index_read_handles(log.env)
         # The id of the newest LMDB snapshot seen without index runs: the fast path's to read.
         self._runless_snapshot = -1
+        self._pinned_runs = PinnedRuns(log.env)
         self._monotonic_s = self._clock.monotonic_s
         self._refresh_s = self.config.refresh_interval_ms / 1000.0
         self._closed = False
@@ -219,11 +222,20 @@ class Store:
                 return self._get(key, default)
             try:
                 snapshot = txn.id()
+                raw = None
                 if snapshot != self._runless_snapshot:
-                    if self._has_runs(txn):
-                        return self._get(key, default)  # pending index runs: the general path
-                    self._runless_snapshot = snapshot
-                raw = txn.get(key)
+                    runs = self._pinned_runs.runs(snapshot)
+                    if runs is None:
+                        return self._get(key, default)  # a commit landed meanwhile: the general path
+                    if runs:
+                        raw = find_in_runs(runs, key)  # pending index runs first, newest first
+                        if raw == b"":
+                            return default  # deleted in a run
+                    else:
+                        self._runless_snapshot = snapshot
+                        self._pinned_runs.release()
+                if raw is None:
+                    raw = txn.get(key)
             finally:
                 txn.abort()
             if raw is None:
@@ -458,6 +470,7 @@ class Store:
                     self._flusher.discard()
         finally:
             self._closed = True
+            self._pinned_runs.release()
             self.log.close()
 
     def __enter__(self) -> Store:

@@ -74,9 +74,10 @@ def resolved_batch(file: FileEntry, batch: BatchEntry, base: int, last: int) -> 
 
 def index_batch(
     txn: MetaTxn, partition: int, base: int, record_batch: pa.RecordBatch, inline_limit: int,
-    offsets: list[int] | None = None,
+    offsets: list[int] | None = None, run_limit: int = 0,
 ) -> None:
-    """Point the key index at the records of a live batch (later records win; tombstones delete)."""
+    """Point the key index at the records of a live batch (later records win; tombstones delete):
+    one index run, or straight into the index (``run_limit`` 0)."""
     n = record_batch.num_rows
     if offsets is None:
         positions = np.arange(base, base + n, dtype=np.int64)
@@ -84,7 +85,8 @@ def index_batch(
         positions = np.asarray(offsets, dtype=np.int64)
         if len(positions) != n:
             raise ValueError(f"{len(positions)} offsets for {n} records")
-    txn.index_records(partition, record_batch.column(0), record_batch.column(1), positions, inline_limit)
+    txn.index_records(partition, record_batch.column(0), record_batch.column(1), positions, inline_limit,
+                      run_limit)
 
 
 def index_batches(
@@ -95,9 +97,7 @@ def index_batches(
     batches = [b for b in batches if b[2].num_rows]
     if len(batches) <= 1:
         for partition, base, records in batches:
-            positions = np.arange(base, base + records.num_rows, dtype=np.int64)
-            txn.index_records(partition, records.column(0), records.column(1), positions, inline_limit,
-                              run_limit)
+            index_batch(txn, partition, base, records, inline_limit, run_limit=run_limit)
         return
     keys = pa.concat_arrays([records.column(0) for _p, _b, records in batches])
     values = pa.concat_arrays([records.column(1) for _p, _b, records in batches])

@@ -183,6 +183,8 @@ done:
     return result;
 }
 
+static PyObject *lookup(const Run *run, const char *key, size_t n);
+
 /* find(run, key) -> the entry's value (b"": a deletion), or None when the run has no entry. */
 static PyObject *find(PyObject *self, PyObject *args) {
     Py_buffer buf, key;
@@ -192,16 +194,49 @@ static PyObject *find(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     Run run;
     if (run_open(&buf, &run) == 0) {
-        uint32_t i = lower_bound(&run, (const char *)key.buf, (size_t)key.len);
-        uint32_t s = i < run.count ? start_of(run.key_end, i) : 0;
-        if (i < run.count && compare(run.keys + s, run.key_end[i] - s, key.buf, (size_t)key.len) == 0) {
-            uint32_t v = start_of(run.value_end, i);
-            result = PyBytes_FromStringAndSize(run.values + v, run.value_end[i] - v);
-        } else {
-            result = Py_NewRef(Py_None);
-        }
+        result = lookup(&run, (const char *)key.buf, (size_t)key.len);
     }
     PyBuffer_Release(&buf);
+    PyBuffer_Release(&key);
+    return result;
+}
+
+/* The value of key's entry in an open run as bytes, Py_None (a new reference) if absent. */
+static PyObject *lookup(const Run *run, const char *key, size_t n) {
+    uint32_t i = lower_bound(run, key, n);
+    if (i < run->count) {
+        uint32_t s = start_of(run->key_end, i);
+        if (compare(run->keys + s, run->key_end[i] - s, key, n) == 0) {
+            uint32_t v = start_of(run->value_end, i);
+            return PyBytes_FromStringAndSize(run->values + v, run->value_end[i] - v);
+        }
+    }
+    return Py_NewRef(Py_None);
+}
+
+/* find_first(runs: list, key) -> the entry of the first run (in list order) holding key, or None. */
+static PyObject *find_first(PyObject *self, PyObject *args) {
+    PyObject *runs;
+    Py_buffer key;
+    if (!PyArg_ParseTuple(args, "O!y*", &PyList_Type, &runs, &key)) {
+        return NULL;
+    }
+    PyObject *result = Py_NewRef(Py_None);
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(runs) && result == Py_None; r++) {
+        Py_buffer buf;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(runs, r), &buf, PyBUF_SIMPLE) < 0) {
+            Py_CLEAR(result);
+            break;
+        }
+        Run run;
+        if (run_open(&buf, &run) < 0) {
+            Py_CLEAR(result);
+        } else {
+            Py_DECREF(result);
+            result = lookup(&run, (const char *)key.buf, (size_t)key.len);
+        }
+        PyBuffer_Release(&buf);
+    }
     PyBuffer_Release(&key);
     return result;
 }
@@ -251,6 +286,7 @@ static PyObject *entries(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"build", build, METH_VARARGS, "A run of rows of two binary columns, in key order."},
     {"find", find, METH_VARARGS, "One key's entry in a run, or None."},
+    {"find_first", find_first, METH_VARARGS, "One key's entry in the first of several runs holding it."},
     {"entries", entries, METH_VARARGS, "A run's (key, value) entries in a key range."},
     {NULL, NULL, 0, NULL},
 };

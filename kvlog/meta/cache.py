@@ -36,10 +36,11 @@ from kvlog.format.columns import binary_ends, index_pairs, int64_column, valid_m
 from kvlog.log.producers import ProducerState, producer_from_json, producer_to_json
 from kvlog.meta.env import LmdbEnv
 from kvlog.meta.keys import DIRECT_KEY_BYTES, encode_index_key, is_long_encoded
-from kvlog.meta.runs import RUN_ID, Buffer, build_run, run_entries, run_find, walk_run
+from kvlog.meta.runs import RUN_ID, Buffer, build_run, run_entries, runs_find, walk_run
 
 __all__ = [
-    "INDEX_HEAD_BYTES", "INLINE_FLAG", "IndexEntry", "MetaTxn", "MetaReader", "decode_index_value",
+    "INDEX_HEAD_BYTES", "INLINE_FLAG", "IndexEntry", "MetaTxn", "MetaReader", "PinnedRuns",
+    "decode_index_value", "find_in_runs",
     "index_lookup", "index_read_handles", "index_value_reader", "prefix_successor",
 ]
 
@@ -106,19 +107,11 @@ def decode_index_value(key: bytes, value: bytes) -> IndexEntry:
     return _decode_index(encode_index_key(key), value)[1]
 
 
-def index_read_handles(
-    env: LmdbEnv,
-) -> tuple[Callable[[Any], Any], Any, type[Exception], Callable[[Any], bool]]:
+def index_read_handles(env: LmdbEnv) -> tuple[Callable[[Any], Any], Any, type[Exception]]:
     """For a caller's own fast path: ``begin(db)`` of a read transaction (``txn.get(lmdb_key)``
-    then ``txn.abort()``), the index database, the error meaning "take the slow path" (another
-    process grew the map), and ``has_runs(txn)``: whether the snapshot holds index runs, which
-    the fast path does not read (take :func:`index_value_reader` then)."""
-    runs_db = env.dbs["runs"]
-
-    def has_runs(txn: Any) -> bool:
-        return bool(txn.stat(runs_db)["entries"])
-
-    return env.env.begin, env.dbs["index"], lmdb.MapResizedError, has_runs
+    then ``txn.abort()``, after looking in the snapshot's index runs: :class:`PinnedRuns`), the
+    index database, and the error meaning "take the slow path" (another process grew the map)."""
+    return env.env.begin, env.dbs["index"], lmdb.MapResizedError
 
 
 def _runs_newest_first(txn: lmdb.Transaction, runs_db: Any) -> list[Buffer]:
@@ -126,15 +119,45 @@ def _runs_newest_first(txn: lmdb.Transaction, runs_db: Any) -> list[Buffer]:
         return [value for _key, value in cur.iterprev()] if cur.last() else []
 
 
-def _find_in_runs(runs: list[Buffer], lmdb_key: bytes) -> bytes | None:
+def find_in_runs(runs: list[Buffer], lmdb_key: bytes) -> bytes | None:
     """The newest run's entry for a key (``b""``: deleted), or None if no run has one."""
     if len(lmdb_key) > DIRECT_KEY_BYTES:
         return None  # runs hold short keys only; a long key's LMDB key is longer
-    for run in runs:
-        found = run_find(run, lmdb_key)
-        if found is not None:
-            return found
-    return None
+    return runs_find(runs, lmdb_key)
+
+
+class PinnedRuns:
+    """The index runs of the newest snapshot a reader asked for, as views of the LMDB map kept
+    valid by a read transaction of that snapshot, until a newer snapshot replaces it (so gets
+    that meet pending runs do not read the run directory each time)."""
+
+    def __init__(self, env: LmdbEnv) -> None:
+        self._env = env
+        self._db = env.dbs["runs"]
+        # (snapshot id, the transaction keeping the views valid, the runs newest first): replaced
+        # whole, so a reader holding the tuple keeps its transaction alive while it searches.
+        self._pinned: tuple[int, lmdb.Transaction | None, list[Buffer]] = (-1, None, [])
+
+    def runs(self, snapshot: int) -> list[Buffer] | None:
+        """The runs of LMDB snapshot ``snapshot``; None if it is no longer the newest."""
+        pinned = self._pinned
+        if pinned[0] == snapshot:
+            return pinned[2]
+        try:
+            views = self._env.env.begin(buffers=True)
+        except lmdb.Error:
+            return None
+        if views.id() != snapshot:
+            views.abort()
+            return None
+        runs = _runs_newest_first(views, self._db)
+        self._pinned = (snapshot, views, runs)
+        return runs
+
+    def release(self) -> None:
+        """Let the pinned snapshot go (its pages can be reused)."""
+        if self._pinned[1] is not None:
+            self._pinned = (-1, None, [])
 
 
 def index_value_reader(env: LmdbEnv) -> Callable[[bytes], bytes | None]:
@@ -150,7 +173,7 @@ def index_value_reader(env: LmdbEnv) -> Callable[[bytes], bytes | None]:
             env._adopt_size()
             return read(lmdb_key)
         try:
-            found = _find_in_runs(_runs_newest_first(txn, runs_db), lmdb_key)
+            found = find_in_runs(_runs_newest_first(txn, runs_db), lmdb_key)
             if found is not None:
                 return found or None
             value = txn.get(lmdb_key)
@@ -289,7 +312,7 @@ class MetaReader:
     # -- key index ----------------------------------------------------------------------------
     def index_get(self, key: bytes) -> IndexEntry | None:
         lmdb_key = encode_index_key(key)
-        found = _find_in_runs(self._runs(), lmdb_key)
+        found = find_in_runs(self._runs(), lmdb_key)
         if found is not None:
             return _decode_index(lmdb_key, found)[1] if found else None
         value = self.txn.get(lmdb_key, db=self._db["index"])

@@ -25,7 +25,7 @@ import pyarrow as pa
 from kvlog.format.columns import binary_ends
 from kvlog.meta import _runs  # type: ignore[attr-defined]
 
-__all__ = ["Buffer", "RUN_ID", "WALK_CHUNK", "build_run", "run_entries", "run_find", "run_length", "walk_run"]
+__all__ = ["Buffer", "RUN_ID", "WALK_CHUNK", "build_run", "run_entries", "run_find", "run_length", "runs_find", "walk_run"]
 
 #: The LMDB key of a run in the ``runs`` database: its number, big-endian (oldest first).
 RUN_ID = struct.Struct(">Q")
@@ -58,6 +58,12 @@ def build_run(keys: pa.Array, values: pa.Array, rows: npt.NDArray[np.int64],
 def run_find(run: Buffer, key: bytes) -> bytes | None:
     """``key``'s entry in ``run``: its index value, ``b""`` for a deletion, None for no entry."""
     found: bytes | None = _runs.find(run, key)
+    return found
+
+
+def runs_find(runs: list[Buffer], key: bytes) -> bytes | None:
+    """``key``'s entry in the first of ``runs`` holding one (as :func:`run_find`), in one call."""
+    found: bytes | None = _runs.find_first(runs, key)
     return found
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from kvlog.format.columns import binary_column
 from kvlog.meta import runs
-from kvlog.meta.runs import build_run, run_entries, run_find, run_length, walk_run
+from kvlog.meta.runs import build_run, run_entries, run_find, run_length, runs_find, walk_run
 
 HEAD = struct.Struct(">HQB")
 
@@ -132,3 +132,18 @@ def test_an_empty_run() -> None:
     assert run_length(run) == 0
     assert run_find(run, b"a") is None
     assert run_entries(run) == []
+
+
+def test_runs_find_takes_the_first_run_holding_the_key() -> None:
+    newer = make_run([b"a", b"c"], [b"new", None], [1, 1], [10, 11], 8)
+    older = make_run([b"a", b"b", b"c"], [b"old", b"b", b"c"], [0, 0, 0], [1, 2, 3], 8)
+    assert runs_find([newer, older], b"a") == HEAD.pack(1, 10, 1) + b"new"
+    assert runs_find([newer, memoryview(older)], b"b") == HEAD.pack(0, 2, 1) + b"b"
+    assert runs_find([newer, older], b"c") == b""  # deleted by the newer run
+    assert runs_find([older, newer], b"c") == HEAD.pack(0, 3, 1) + b"c"
+    assert runs_find([newer, older], b"d") is None
+    assert runs_find([], b"a") is None
+    with pytest.raises(ValueError):
+        runs_find([newer, b"garbage!"], b"b")
+    with pytest.raises(TypeError):
+        runs_find([newer, 3], b"b")  # type: ignore[list-item]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -208,4 +209,41 @@ def test_a_failed_settle_changes_nothing(tmp_path: Path, monkeypatch: pytest.Mon
     assert_reads(store, model)
     assert store.log.settle_index() == 3
     assert_reads(store, model)
+    store.close()
+
+
+def test_gets_in_threads_while_runs_come_and_go(tmp_path: Path) -> None:
+    store = quiet_store(tmp_path / "s", index_run_limit=4)
+    keys = [b"k%02d" % i for i in range(50)]
+    for key in keys:
+        store.put(key, b"0")
+    store.flush()
+    store.log.settle_index()
+    done = threading.Event()
+    errors: list[str] = []
+
+    def read() -> None:
+        seen = dict.fromkeys(keys, 0)
+        while not done.is_set():
+            for key in keys:
+                value = store.get(key)
+                if value is None or int(value) < seen[key]:
+                    errors.append(f"{key!r}: {value!r} after {seen[key]}")
+                    return
+                seen[key] = int(value)
+            time.sleep(0.001)  # let the writer have the GIL between passes
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for thread in readers:
+        thread.start()
+    for round_ in range(1, 15):
+        for key in keys[round_ % 2::2]:
+            store.put(key, b"%d" % round_)
+        store.flush()
+        if round_ % 7 == 0:
+            store.log.settle_index()
+    done.set()
+    for thread in readers:
+        thread.join()
+    assert errors == []
     store.close()
