@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from kvlog.bench import run
+from kvlog.bench.report import rows
 from kvlog.bench.suite import GOALS, SCHEMA, TINY
 
 pytestmark = pytest.mark.slow
@@ -100,3 +101,14 @@ def test_charts_are_written(results: tuple[dict[str, Any], Path]) -> None:
     assert names == {"tiny_ratios.png", "tiny_memory.png"}
     for name in names:
         assert (out.parent / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_puts_pair_each_kvlog_run_with_its_anchor_run(results: tuple[dict[str, Any], Path]) -> None:
+    document, _out = results
+    puts = next(e for e in document["benchmarks"] if e["id"] == "store.puts")
+    lmdb = next(a for a in puts["anchors"] if a["key"] == "lmdb")
+    assert len(puts["subject"]["runs"]) == len(lmdb["runs"]) == TINY.puts_repeats
+    assert lmdb["paired_ratios"] == pytest.approx(
+        [k / a for k, a in zip(puts["subject"]["runs"], lmdb["runs"], strict=True)])
+    goal_row = next(r for r in rows(document) if r["goal"] == GOALS["store.puts"]["text"])
+    assert goal_row["note"].startswith(f"paired runs: {lmdb['paired_ratios'][0]:.2f}x")

@@ -84,7 +84,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     if args.records:
         overrides["records"] = args.records
     if args.repeats:
-        overrides["repeats"] = args.repeats
+        overrides["repeats"] = overrides["puts_repeats"] = args.repeats
     if args.no_s3:
         overrides["seaweedfs"] = False
     if args.settings:

@@ -71,6 +71,9 @@ def rows(document: dict[str, Any]) -> list[dict[str, str]]:
                 notes = [(f"{name}: {context[key]['value'] / anchor['value']:.2f}x")
                          for key, name in _CONTEXT_NOTES
                          if key in context and context[key]["value"] and anchor["value"]]
+                paired = anchor.get("paired_ratios")
+                if paired:
+                    notes.insert(0, "paired runs: " + ", ".join(f"{r:.2f}x" for r in paired))
                 if notes:
                     row["note"] = "; ".join(notes)
             out.append(row)

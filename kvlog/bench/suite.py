@@ -3,8 +3,8 @@
 Every benchmark produces one *entry*: the kvlog figure (the *subject*), one or
 more *anchors* measured in the same process on the same data just before or
 after it, the ratios ``subject / anchor``, and, where there is one, a goal
-with its outcome. Throughputs are the median of ``repeats`` runs; latencies
-are per-operation ``perf_counter`` samples summarised as p50/p90/p99.
+with its outcome. Throughputs are the median of ``repeats`` runs (``puts_repeats`` for the
+puts); latencies are per-operation ``perf_counter`` samples summarised as p50/p90/p99.
 
 Groups (issue numbers of the project's tracker):
 
@@ -66,6 +66,9 @@ class Settings:
     """Records of the store benchmarks (puts, gets, scan)."""
     repeats: int
     """Runs of each throughput measurement; the median is reported."""
+    puts_repeats: int
+    """Runs of the puts benchmark, the noisiest: each of its runs writes five new stores of
+    ``records`` records to disk."""
     append_batches: int
     """1000-record batches appended per run of the log benchmark."""
     durable_seconds: float
@@ -86,11 +89,11 @@ class Settings:
     """StoreConfig settings of every kvlog store the suite opens (default: none, the defaults)."""
 
 
-FULL = Settings("full", records=1_000_000, repeats=3, append_batches=200, durable_seconds=3.0,
+FULL = Settings("full", records=1_000_000, repeats=3, puts_repeats=5, append_batches=200, durable_seconds=3.0,
                 commit_samples=500, rss_sizes=(100_000, 5_000_000))
-QUICK = Settings("quick", records=50_000, repeats=3, append_batches=20, durable_seconds=1.0,
+QUICK = Settings("quick", records=50_000, repeats=3, puts_repeats=3, append_batches=20, durable_seconds=1.0,
                  commit_samples=100, rss_sizes=(20_000, 200_000), latency_samples=5_000)
-TINY = Settings("tiny", records=3_000, repeats=1, append_batches=3, durable_seconds=0.3,
+TINY = Settings("tiny", records=3_000, repeats=1, puts_repeats=1, append_batches=3, durable_seconds=0.3,
                 commit_samples=20, rss_sizes=(2_000, 10_000), latency_samples=1_000, rss_gets=1_000)
 
 #: Goals printed next to the figures (not asserted).
@@ -106,7 +109,8 @@ GENERAL_METHOD = (
     "same records: 16-byte keys (two SplitMix64 words of the record index, distinct and "
     "random-looking, so inserts land in random B-tree positions) and 100-byte values from "
     "numpy.random.default_rng(seed) (incompressible). Durations come from time.perf_counter. "
-    "Throughputs are the median of `repeats` runs (every run listed in `runs`); each run of a "
+    "Throughputs are the median of `repeats` runs (`puts_repeats` for the puts; every run listed "
+    "in `runs`); each run of a "
     "write benchmark starts from a new, empty store or database in a new directory under the "
     "work directory, on the local disk (see machine.work_dir_filesystem). Latencies are "
     "per-operation samples (p50/p90/p99 in milliseconds). kvlog stores use the default "
@@ -226,9 +230,11 @@ class Context:
         self.keys = make_keys(0, settings.records, settings.seed)
         self.values = make_values(0, settings.records, settings.seed)
         self._dirs = 0
-        # Left by the puts benchmark for the gets and scan benchmarks.
+        # Left by the puts benchmark for the gets and scan benchmarks, with their directories.
         self.store: kvlog.Store | None = None
+        self.store_dir: Path | None = None
         self.lmdb_env: Any = None
+        self.lmdb_dir: Path | None = None
         self.seaweed: Any = None
 
     def new_dir(self, name: str) -> Path:
@@ -236,6 +242,29 @@ class Context:
         path = self.work / f"{self._dirs:03d}-{name}"
         path.mkdir(parents=True)
         return path
+
+    @contextlib.contextmanager
+    def scratch_dir(self, name: str) -> Iterator[Path]:
+        """A new directory, removed afterwards: files kept in the page cache would make every
+        later run take fresh memory pages, which cost a new virtual machine a fault each."""
+        path = self.new_dir(name)
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def drop_puts_store(self) -> None:
+        """Close and remove the store and the LMDB environment the puts benchmark left."""
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self.lmdb_env is not None:
+            self.lmdb_env.close()
+            self.lmdb_env = None
+        for path in (self.store_dir, self.lmdb_dir):
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
+        self.store_dir = self.lmdb_dir = None
 
     def open_store(self, uri: str | Path, **options: Any) -> kvlog.Store:
         return kvlog.open(uri, **{**self.settings.store_settings, **options})
@@ -249,15 +278,17 @@ class Context:
         return self.keys[i % n], self.values[i % n]
 
     def close(self) -> None:
-        if self.store is not None:
-            self.store.close()
-            self.store = None
-        if self.lmdb_env is not None:
-            self.lmdb_env.close()
-            self.lmdb_env = None
+        self.drop_puts_store()
         if self.seaweed is not None:
             self.seaweed.stop()
             self.seaweed = None
+
+
+def quiesce() -> None:
+    """Collect garbage and write every dirty page back (``os.sync``), so that a timed run does
+    not pay for the writeback or the garbage of the runs before it."""
+    gc.collect()
+    os.sync()
 
 
 def timed_loop(op: Callable[[int], object], seconds: float) -> tuple[int, float, list[float]]:
@@ -619,13 +650,15 @@ def bench_store_puts(ctx: Context) -> dict[str, Any]:
     no_index_runs: list[float] = []
     flushes: list[int] = []
     began = perf_counter()
-    for r in range(s.repeats):
+    ctx.bar.describe(f"store: {n:,} puts, untimed (warming the process up)")
+    _warm_up_puts(ctx, keys, values)
+    for r in range(s.puts_repeats):
         ctx.bar.describe(f"store: {n:,} puts + flush (kvlog)")
-        if ctx.store is not None:
-            ctx.store.close()
-            ctx.store = None
-        store = ctx.open_store(ctx.new_dir("puts"))
+        ctx.drop_puts_store()
+        ctx.store_dir = ctx.new_dir("puts")
+        store = ctx.open_store(ctx.store_dir)
         put = store.put
+        quiesce()
         t0 = perf_counter()
         for k, v in zip(keys, values, strict=True):
             put(k, v)
@@ -639,9 +672,9 @@ def bench_store_puts(ctx: Context) -> dict[str, Any]:
         ctx.store = store  # the last one serves the gets and the scan
 
         ctx.bar.describe(f"store: {n:,} puts (py-lmdb)")
-        if ctx.lmdb_env is not None:
-            ctx.lmdb_env.close()
-        env = lmdb.open(str(ctx.new_dir("puts-lmdb")), map_size=ctx.lmdb_map_size(n))
+        ctx.lmdb_dir = ctx.new_dir("puts-lmdb")
+        env = lmdb.open(str(ctx.lmdb_dir), map_size=ctx.lmdb_map_size(n))
+        quiesce()
         t0 = perf_counter()
         with env.begin(write=True) as txn:
             lput = txn.put
@@ -657,12 +690,12 @@ def bench_store_puts(ctx: Context) -> dict[str, Any]:
         no_index_runs.append(n / _log_only_seconds(ctx, keys, values))
 
         ctx.bar.describe(f"store: {n:,} puts (sqlite3)")
-        db_path = ctx.new_dir("puts-sqlite") / "kv.db"
-        conn = sqlite3.connect(db_path, isolation_level=None)
-        try:
+        with ctx.scratch_dir("puts-sqlite") as db_dir, contextlib.closing(
+                sqlite3.connect(db_dir / "kv.db", isolation_level=None)) as conn:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("CREATE TABLE kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID")
+            quiesce()
             t0 = perf_counter()
             conn.execute("BEGIN")
             conn.executemany("INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)", zip(keys, values, strict=True))
@@ -672,8 +705,6 @@ def bench_store_puts(ctx: Context) -> dict[str, Any]:
                 (count,) = conn.execute("SELECT count(*) FROM kv").fetchone()
                 if count != n:
                     raise AssertionError(f"sqlite holds {count} rows, not {n}")
-        finally:
-            conn.close()
     method = (
         f"{n:,} records. kvlog: a new local store per run; store.put(key, value) for every record "
         f"(buffered: the background flusher writes L0 files as flush_bytes fill, writers flush "
@@ -689,13 +720,24 @@ def bench_store_puts(ctx: Context) -> dict[str, Any]:
         f"same puts + flush into a store with index_run_limit=0, whose commits write the B-tree "
         f"themselves (the design before index runs); calls_only: the put() calls alone into a "
         f"store that never flushes; no_index: the same puts and flush into a log that keeps no "
-        f"key index (open_log(maintain_index=False)), the log's own cost."
+        f"key index (open_log(maintain_index=False)), the log's own cost. Every store or "
+        f"database is removed once measured (the last kvlog store and LMDB environment after the "
+        f"gets and the scan): kept files would make each later run take never-used memory pages "
+        f"for its page cache, which on a new virtual machine slowed py-lmdb run by run from "
+        f"655,000 to 490,000 records/s, against 610,000 to 666,000 with each removed. First an untimed "
+        f"round of the kvlog puts and the py-lmdb transaction warms the process up (py-lmdb's "
+        f"first large write transaction in a process grows the heap and ran at about 0.7x the "
+        f"later ones). Then {s.puts_repeats} runs, "
+        f"each measuring kvlog, then every other figure, in turn; every timed part starts after "
+        f"gc.collect() and os.sync(), so no run pays for an earlier one's writeback. "
+        f"paired_ratios: kvlog's run i / py-lmdb's run i."
     )
     return make_entry(
         "store.puts", "store", 4, "buffered puts + flush", method,
         measurement("kvlog", "kvlog put x n + flush()", "records/s", kv_runs, records=n,
                     flushes_per_run=flushes),
-        [measurement("lmdb", "py-lmdb puts, one txn", "records/s", lm_runs, records=n),
+        [measurement("lmdb", "py-lmdb puts, one txn", "records/s", lm_runs, records=n,
+                     paired_ratios=[k / a for k, a in zip(kv_runs, lm_runs, strict=True)]),
          measurement("sqlite", "sqlite3 executemany, WAL, one txn", "records/s", sq_runs, records=n)],
         seconds=perf_counter() - began,
         context={
@@ -711,48 +753,76 @@ def bench_store_puts(ctx: Context) -> dict[str, Any]:
     )
 
 
+def _warm_up_puts(ctx: Context, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+    """Untimed: the kvlog puts and flush, then the py-lmdb transaction, once each. A process's
+    first large LMDB write transaction grows its heap and ran at about 0.7x its later ones."""
+    with ctx.scratch_dir("puts-warm-up") as path:
+        store = ctx.open_store(path)
+        try:
+            put = store.put
+            for k, v in zip(keys, values, strict=True):
+                put(k, v)
+        finally:
+            store.close()
+    with ctx.scratch_dir("puts-lmdb-warm-up") as path:
+        env = lmdb.open(str(path), map_size=ctx.lmdb_map_size(len(keys)))
+        try:
+            with env.begin(write=True) as txn:
+                lput = txn.put
+                for k, v in zip(keys, values, strict=True):
+                    lput(k, v)
+        finally:
+            env.close()
+
+
 def _put_calls_seconds(ctx: Context, keys: Sequence[bytes], values: Sequence[bytes]) -> float:
     """Seconds of ``store.put`` for every record into a store that never flushes (then dropped)."""
-    store = ctx.open_store(ctx.new_dir("puts-calls"), flush_bytes=1 << 50, max_unflushed_bytes=1 << 50,
-                           flush_interval_ms=0, background_compaction=False)
-    try:
-        put = store.put
-        t0 = perf_counter()
-        for k, v in zip(keys, values, strict=True):
-            put(k, v)
-        return perf_counter() - t0
-    finally:
-        store.close(flush=False)
+    with ctx.scratch_dir("puts-calls") as path:
+        store = ctx.open_store(path, flush_bytes=1 << 50, max_unflushed_bytes=1 << 50,
+                               flush_interval_ms=0, background_compaction=False)
+        try:
+            put = store.put
+            quiesce()
+            t0 = perf_counter()
+            for k, v in zip(keys, values, strict=True):
+                put(k, v)
+            return perf_counter() - t0
+        finally:
+            store.close(flush=False)
 
 
 def _btree_puts_seconds(ctx: Context, keys: Sequence[bytes], values: Sequence[bytes]) -> float:
     """Seconds of ``store.put`` for every record then ``flush()``, into a store whose commits
     write the index's B-tree themselves (``index_run_limit=0``)."""
-    store = ctx.open_store(ctx.new_dir("puts-btree"), index_run_limit=0)
-    try:
-        put = store.put
-        t0 = perf_counter()
-        for k, v in zip(keys, values, strict=True):
-            put(k, v)
-        store.flush()
-        return perf_counter() - t0
-    finally:
-        store.close()
+    with ctx.scratch_dir("puts-btree") as path:
+        store = ctx.open_store(path, index_run_limit=0)
+        try:
+            put = store.put
+            quiesce()
+            t0 = perf_counter()
+            for k, v in zip(keys, values, strict=True):
+                put(k, v)
+            store.flush()
+            return perf_counter() - t0
+        finally:
+            store.close()
 
 
 def _log_only_seconds(ctx: Context, keys: Sequence[bytes], values: Sequence[bytes]) -> float:
     """Seconds of ``store.put`` for every record then ``flush()``, into a log without a key index."""
     config = StoreConfig.from_settings(None, **ctx.settings.store_settings)
-    store = kvlog.Store(open_log(ctx.new_dir("puts-no-index"), config=config, maintain_index=False))
-    try:
-        put = store.put
-        t0 = perf_counter()
-        for k, v in zip(keys, values, strict=True):
-            put(k, v)
-        store.flush()
-        return perf_counter() - t0
-    finally:
-        store.close()
+    with ctx.scratch_dir("puts-no-index") as path:
+        store = kvlog.Store(open_log(path, config=config, maintain_index=False))
+        try:
+            put = store.put
+            quiesce()
+            t0 = perf_counter()
+            for k, v in zip(keys, values, strict=True):
+                put(k, v)
+            store.flush()
+            return perf_counter() - t0
+        finally:
+            store.close()
 
 
 def _per_op_latency(get: Callable[[bytes], object], probe: Sequence[bytes]) -> list[float]:

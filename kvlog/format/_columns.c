@@ -4,7 +4,8 @@
  * kvlog.format.columns wraps these functions and documents them. pack_binary turns a list of
  * bytes objects (None: null) into the three buffers of an Arrow binary column in one pass per
  * buffer; index_values turns rows of two Arrow binary columns into the (key, index value) pairs
- * that LMDB's putmulti takes. Both hold the GIL: they create or read Python objects.
+ * that LMDB's putmulti takes. Both hold the GIL: they create or read Python objects. latest_rows
+ * sorts a binary column's keys (stable) and keeps each key's last row, without the GIL.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -169,9 +170,168 @@ done:
     return result;
 }
 
+/* Sorting keys for latest_rows: a row and the 8 bytes of its key after the prefix all keys share
+ * (big-endian, zero-padded), which settle most comparisons without reading the key. */
+typedef struct {
+    uint64_t prefix;
+    uint32_t row;
+    uint32_t unused;
+} Slot;
+
+typedef struct {
+    const int32_t *ends;
+    const char *data;
+} Keys;
+
+/* memcmp order, a prefix first: LMDB's default key order and Python's bytes order. */
+static int compare_keys(const Keys *keys, uint32_t a, uint32_t b) {
+    size_t an = (size_t)(keys->ends[a + 1] - keys->ends[a]), bn = (size_t)(keys->ends[b + 1] - keys->ends[b]);
+    int c = memcmp(keys->data + keys->ends[a], keys->data + keys->ends[b], an < bn ? an : bn);
+    if (c) {
+        return c;
+    }
+    return an < bn ? -1 : (an > bn ? 1 : 0);
+}
+
+/* Stable merge sort of slots[0..n) by whole key (tmp: room for n slots). */
+static void sort_by_key(const Keys *keys, Slot *slots, Slot *tmp, size_t n) {
+    for (size_t width = 1; width < n; width *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * width) {
+            size_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+            size_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) {
+                tmp[k++] = compare_keys(keys, slots[j].row, slots[i].row) < 0 ? slots[j++] : slots[i++];
+            }
+            while (i < mid) {
+                tmp[k++] = slots[i++];
+            }
+            while (j < hi) {
+                tmp[k++] = slots[j++];
+            }
+        }
+        memcpy(slots, tmp, n * sizeof(Slot));
+    }
+}
+
+/* Sorts slots[0..n) by key, stable (tmp: room for n slots): LSD radix passes over the prefixes,
+ * then a merge sort of each run of equal prefixes by whole key. */
+static Slot *sort_slots(const Keys *keys, Slot *slots, Slot *tmp, size_t n) {
+    size_t counts[8][256];
+    memset(counts, 0, sizeof counts);
+    for (size_t i = 0; i < n; i++) {
+        for (int b = 0; b < 8; b++) {
+            counts[b][(slots[i].prefix >> (8 * b)) & 0xff]++;
+        }
+    }
+    for (int b = 0; b < 8; b++) {
+        size_t *count = counts[b], total = 0;
+        if (count[(slots[0].prefix >> (8 * b)) & 0xff] == n) {
+            continue; /* one value at this byte: the pass would change nothing */
+        }
+        for (int v = 0; v < 256; v++) {
+            size_t c = count[v];
+            count[v] = total;
+            total += c;
+        }
+        for (size_t i = 0; i < n; i++) {
+            tmp[count[(slots[i].prefix >> (8 * b)) & 0xff]++] = slots[i];
+        }
+        Slot *swap = slots;
+        slots = tmp;
+        tmp = swap;
+    }
+    for (size_t lo = 0; lo < n;) {
+        size_t hi = lo + 1;
+        while (hi < n && slots[hi].prefix == slots[lo].prefix) {
+            hi++;
+        }
+        if (hi - lo > 1) {
+            sort_by_key(keys, slots + lo, tmp + lo, hi - lo);
+        }
+        lo = hi;
+    }
+    return slots;
+}
+
+/* latest_rows(key_ends, key_data) -> bytes of int64: the last row of each distinct key, in key order */
+static PyObject *latest_rows(PyObject *self, PyObject *args) {
+    Py_buffer key_ends, key_data;
+    if (!PyArg_ParseTuple(args, "y*y*", &key_ends, &key_data)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Slot *slots = NULL, *tmp = NULL;
+    Py_ssize_t n = key_ends.len / 4 - 1;
+    Keys keys = {(const int32_t *)key_ends.buf, (const char *)key_data.buf};
+    if (n < 0 || (uint64_t)n > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "latest_rows: not the offsets of a binary column");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!row_in_bounds(keys.ends, i, key_data.len)) {
+            PyErr_SetString(PyExc_ValueError, "latest_rows: offsets outside the data");
+            goto done;
+        }
+    }
+    if (n == 0) {
+        result = PyBytes_FromStringAndSize(NULL, 0);
+        goto done;
+    }
+    slots = PyMem_RawMalloc((size_t)n * sizeof(Slot));
+    tmp = PyMem_RawMalloc((size_t)n * sizeof(Slot));
+    if (slots == NULL || tmp == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t kept = 0;
+    int64_t *out = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    /* The prefix all keys share adds nothing to the order: the 8 bytes after it do. */
+    const char *first = keys.data + keys.ends[0];
+    size_t shared = (size_t)(keys.ends[1] - keys.ends[0]);
+    for (Py_ssize_t i = 1; i < n && shared; i++) {
+        const char *key = keys.data + keys.ends[i];
+        size_t len = (size_t)(keys.ends[i + 1] - keys.ends[i]), m = 0, limit = len < shared ? len : shared;
+        while (m < limit && key[m] == first[m]) {
+            m++;
+        }
+        shared = m;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t *key = (const uint8_t *)keys.data + keys.ends[i] + shared;
+        size_t len = (size_t)(keys.ends[i + 1] - keys.ends[i]) - shared;
+        uint64_t prefix = 0;
+        for (size_t b = 0; b < 8; b++) {
+            prefix = (prefix << 8) | (b < len ? key[b] : 0);
+        }
+        slots[i].prefix = prefix;
+        slots[i].row = (uint32_t)i;
+        slots[i].unused = 0;
+    }
+    Slot *sorted = sort_slots(&keys, slots, tmp, (size_t)n);
+    /* Equal keys are adjacent, in row order: keep the last of each. */
+    out = (int64_t *)(sorted == slots ? tmp : slots); /* 8 of each slot's 16 bytes */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + 1 < n && sorted[i].prefix == sorted[i + 1].prefix
+            && compare_keys(&keys, sorted[i].row, sorted[i + 1].row) == 0) {
+            continue;
+        }
+        out[kept++] = sorted[i].row;
+    }
+    Py_END_ALLOW_THREADS
+    result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)(8 * kept));
+done:
+    PyMem_RawFree(slots);
+    PyMem_RawFree(tmp);
+    PyBuffer_Release(&key_ends);
+    PyBuffer_Release(&key_data);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"pack_binary", pack_binary, METH_VARARGS, "The buffers of a binary column of bytes objects."},
     {"index_values", index_values, METH_VARARGS, "(key, index value) pairs of rows of two binary columns."},
+    {"latest_rows", latest_rows, METH_VARARGS, "The last row of each distinct key of a binary column, in key order."},
     {NULL, NULL, 0, NULL},
 };
 

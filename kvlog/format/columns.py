@@ -6,7 +6,9 @@ Done with Arrow compute (``take``, ``binary_join_element_wise``,
 ``to_pylist``) each step copies every byte once more and hands the GIL back
 and forth; these loops are a C extension of kvlog's own (``_columns.c``, built
 when kvlog is installed) that make each column or list in one pass. They hold
-the GIL, since they read or create Python objects.
+the GIL, since they read or create Python objects. The commit also needs each
+key's last row in key order (:func:`latest_rows`), a compiled sort that runs
+without the GIL.
 
 This module does no I/O.
 """
@@ -22,7 +24,10 @@ import pyarrow as pa
 
 from kvlog.format import _columns  # type: ignore[attr-defined]
 
-__all__ = ["INDEX_HEAD_BYTES", "binary_column", "bool_column", "binary_ends", "index_pairs", "int64_column", "valid_mask"]
+__all__ = [
+    "INDEX_HEAD_BYTES", "binary_column", "bool_column", "binary_ends", "index_pairs", "int64_column",
+    "latest_rows", "valid_mask",
+]
 
 #: Bytes before the inline value in an index value: partition (big-endian u16), offset
 #: (big-endian u64), flags (u8: 1 = the value follows inline).
@@ -98,3 +103,17 @@ def index_pairs(keys: pa.Array, values: pa.Array, rows: I64, partitions: npt.NDA
         np.ascontiguousarray(positions, dtype=np.int64), int(inline_limit),
     )
     return pairs
+
+
+def latest_rows(keys: pa.Array) -> I64:
+    """The row of the last occurrence of each distinct key of ``keys`` (binary, no nulls), in
+    key order (bytes order, LMDB's): the rows a batch's index entries come from.
+
+    Sorting is a compiled radix sort on the 8 bytes that follow the prefix all keys share, then
+    a merge sort of the keys those bytes leave tied; the GIL is released meanwhile.
+    Raises ``ValueError`` for a column with nulls.
+    """
+    if keys.null_count:
+        raise ValueError("keys must not be null")
+    ends, data = binary_ends(keys)
+    return np.frombuffer(_columns.latest_rows(ends, data), dtype=np.int64)

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from kvlog.format.columns import INDEX_HEAD_BYTES as _PACKED_HEAD_BYTES
-from kvlog.format.columns import binary_ends, index_pairs, int64_column, valid_mask
+from kvlog.format.columns import binary_ends, index_pairs, int64_column, latest_rows, valid_mask
 from kvlog.log.producers import ProducerState, producer_from_json, producer_to_json
 from kvlog.meta.env import LmdbEnv
 from kvlog.meta.keys import DIRECT_KEY_BYTES, encode_index_key, is_long_encoded
@@ -708,31 +708,14 @@ class MetaTxn(MetaReader):
         n = len(keys)
         if n == 0:
             return
-        ends, data = binary_ends(keys)
-        lengths = np.diff(ends)
-        longest = int(lengths.max())
-        if longest > DIRECT_KEY_BYTES:  # long keys: the general path
+        ends, _data = binary_ends(keys)
+        if int(np.diff(ends).max()) > DIRECT_KEY_BYTES:  # long keys: the general path
             parts = np.broadcast_to(np.asarray(partition), (n,)).tolist()
             key_list = keys.to_pylist()
             for p, key, offset, value in zip(parts, key_list, offsets.tolist(), values.to_pylist(), strict=True):
                 self.index_apply(p, {key: (offset, value)}, inline_limit)
             return
-        width = int(lengths.min())
-        if width == longest and width > 0:
-            # Keys of one width: sort them (stable) as fixed-width byte strings, keep each key's last.
-            fixed = np.frombuffer(data, dtype=f"S{width}", count=n, offset=int(ends[0]))
-            order = np.argsort(fixed, kind="stable")
-            ranked = fixed[order]
-            last = np.empty(n, dtype=bool)
-            np.not_equal(ranked[1:], ranked[:-1], out=last[:-1])
-            last[-1] = True
-            chosen = order if last.all() else order[last]
-        else:
-            key_list = keys.to_pylist()
-            latest = dict(zip(key_list, range(n), strict=True))
-            chosen = np.fromiter(sorted(latest.values(), key=key_list.__getitem__), dtype=np.int64,
-                                 count=len(latest))
-        chosen = np.ascontiguousarray(chosen, dtype=np.int64)
+        chosen = latest_rows(keys)  # each key's last record, in key order
         if run_limit > 0:
             if isinstance(partition, np.ndarray):
                 run_parts = partition[chosen]
