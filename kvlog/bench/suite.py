@@ -657,13 +657,7 @@ def bench_store_puts(ctx: Context) -> dict[str, Any]:
         ctx.drop_puts_store()
         ctx.store_dir = ctx.new_dir("puts")
         store = ctx.open_store(ctx.store_dir)
-        put = store.put
-        quiesce()
-        t0 = perf_counter()
-        for k, v in zip(keys, values, strict=True):
-            put(k, v)
-        store.flush()
-        elapsed = perf_counter() - t0
+        elapsed = _timed_puts(store, keys, values)
         kv_runs.append(n / elapsed)
         t0 = perf_counter()
         store.log.settle_index()  # now, not in the background while the anchors run
@@ -725,9 +719,9 @@ def bench_store_puts(ctx: Context) -> dict[str, Any]:
         f"gets and the scan): kept files would make each later run take never-used memory pages "
         f"for its page cache, which on a new virtual machine slowed py-lmdb run by run from "
         f"655,000 to 490,000 records/s, against 610,000 to 666,000 with each removed. First an untimed "
-        f"round of the kvlog puts and the py-lmdb transaction warms the process up (py-lmdb's "
-        f"first large write transaction in a process grows the heap and ran at about 0.7x the "
-        f"later ones). Then {s.puts_repeats} runs, "
+        f"round of the kvlog puts and the py-lmdb transaction warms the process up (its heap, "
+        f"first calls; py-lmdb alone, six runs in one process, each removed: 609,000 records/s "
+        f"in the first, 623,000 to 666,000 in the others). Then {s.puts_repeats} runs, "
         f"each measuring kvlog, then every other figure, in turn; every timed part starts after "
         f"gc.collect() and os.sync(), so no run pays for an earlier one's writeback. "
         f"paired_ratios: kvlog's run i / py-lmdb's run i."
@@ -753,15 +747,27 @@ def bench_store_puts(ctx: Context) -> dict[str, Any]:
     )
 
 
+def _timed_puts(store: kvlog.Store, keys: Sequence[bytes], values: Sequence[bytes], *,
+                flush: bool = True) -> float:
+    """Seconds of ``store.put`` for every record, then ``flush()`` when ``flush``, timed from a
+    quiet start (:func:`quiesce`)."""
+    put = store.put
+    quiesce()
+    t0 = perf_counter()
+    for k, v in zip(keys, values, strict=True):
+        put(k, v)
+    if flush:
+        store.flush()
+    return perf_counter() - t0
+
+
 def _warm_up_puts(ctx: Context, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
-    """Untimed: the kvlog puts and flush, then the py-lmdb transaction, once each. A process's
-    first large LMDB write transaction grows its heap and ran at about 0.7x its later ones."""
+    """Untimed: the kvlog puts, then the py-lmdb transaction, once each, so that no timed run
+    pays for growing the process's heap or for first calls."""
     with ctx.scratch_dir("puts-warm-up") as path:
         store = ctx.open_store(path)
         try:
-            put = store.put
-            for k, v in zip(keys, values, strict=True):
-                put(k, v)
+            _timed_puts(store, keys, values, flush=False)
         finally:
             store.close()
     with ctx.scratch_dir("puts-lmdb-warm-up") as path:
@@ -781,12 +787,7 @@ def _put_calls_seconds(ctx: Context, keys: Sequence[bytes], values: Sequence[byt
         store = ctx.open_store(path, flush_bytes=1 << 50, max_unflushed_bytes=1 << 50,
                                flush_interval_ms=0, background_compaction=False)
         try:
-            put = store.put
-            quiesce()
-            t0 = perf_counter()
-            for k, v in zip(keys, values, strict=True):
-                put(k, v)
-            return perf_counter() - t0
+            return _timed_puts(store, keys, values, flush=False)
         finally:
             store.close(flush=False)
 
@@ -797,13 +798,7 @@ def _btree_puts_seconds(ctx: Context, keys: Sequence[bytes], values: Sequence[by
     with ctx.scratch_dir("puts-btree") as path:
         store = ctx.open_store(path, index_run_limit=0)
         try:
-            put = store.put
-            quiesce()
-            t0 = perf_counter()
-            for k, v in zip(keys, values, strict=True):
-                put(k, v)
-            store.flush()
-            return perf_counter() - t0
+            return _timed_puts(store, keys, values)
         finally:
             store.close()
 
@@ -814,13 +809,7 @@ def _log_only_seconds(ctx: Context, keys: Sequence[bytes], values: Sequence[byte
     with ctx.scratch_dir("puts-no-index") as path:
         store = kvlog.Store(open_log(path, config=config, maintain_index=False))
         try:
-            put = store.put
-            quiesce()
-            t0 = perf_counter()
-            for k, v in zip(keys, values, strict=True):
-                put(k, v)
-            store.flush()
-            return perf_counter() - t0
+            return _timed_puts(store, keys, values)
         finally:
             store.close()
 
