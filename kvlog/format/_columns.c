@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../_key_order.h"
+
 /* pack_binary(items: list, order: int64 buffer or None) -> (offsets, data, validity or None, nulls) */
 static PyObject *pack_binary(PyObject *self, PyObject *args) {
     PyObject *items, *order_obj;
@@ -183,14 +185,10 @@ typedef struct {
     const char *data;
 } Keys;
 
-/* memcmp order, a prefix first: LMDB's default key order and Python's bytes order. */
+/* The order of rows a and b by key (kvlog's key order). */
 static int compare_keys(const Keys *keys, uint32_t a, uint32_t b) {
-    size_t an = (size_t)(keys->ends[a + 1] - keys->ends[a]), bn = (size_t)(keys->ends[b + 1] - keys->ends[b]);
-    int c = memcmp(keys->data + keys->ends[a], keys->data + keys->ends[b], an < bn ? an : bn);
-    if (c) {
-        return c;
-    }
-    return an < bn ? -1 : (an > bn ? 1 : 0);
+    return key_order(keys->data + keys->ends[a], (size_t)(keys->ends[a + 1] - keys->ends[a]),
+                     keys->data + keys->ends[b], (size_t)(keys->ends[b + 1] - keys->ends[b]));
 }
 
 /* Stable merge sort of slots[0..n) by whole key (tmp: room for n slots). */

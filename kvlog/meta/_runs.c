@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../_key_order.h"
+
 #define RUN_MAGIC 0x3152564bu /* "KVR1" */
 #define HEAD_BYTES 11
 #define FLAG_INLINE 1
@@ -52,22 +54,13 @@ bad:
 
 static inline uint32_t start_of(const uint32_t *end, uint32_t i) { return i ? end[i - 1] : 0; }
 
-/* memcmp order, a prefix first: LMDB's default key order and Python's bytes order. */
-static int compare(const char *a, size_t an, const char *b, size_t bn) {
-    int c = memcmp(a, b, an < bn ? an : bn);
-    if (c) {
-        return c;
-    }
-    return an < bn ? -1 : (an > bn ? 1 : 0);
-}
-
 /* The first entry whose key is >= key (run->count if none). */
 static uint32_t lower_bound(const Run *run, const char *key, size_t n) {
     uint32_t lo = 0, hi = run->count;
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
         uint32_t s = start_of(run->key_end, mid);
-        if (compare(run->keys + s, run->key_end[mid] - s, key, n) < 0) {
+        if (key_order(run->keys + s, run->key_end[mid] - s, key, n) < 0) {
             lo = mid + 1;
         } else {
             hi = mid;
@@ -117,7 +110,7 @@ static PyObject *build(PyObject *self, PyObject *args) {
         }
         if (i > 0) {
             int64_t q = row[i - 1];
-            if (compare(kdata + kend[q], (size_t)(kend[q + 1] - kend[q]), kdata + kend[r], klen) >= 0) {
+            if (key_order(kdata + kend[q], (size_t)(kend[q + 1] - kend[q]), kdata + kend[r], klen) >= 0) {
                 PyErr_SetString(PyExc_ValueError, "build: keys not in strictly increasing order");
                 goto done;
             }
@@ -206,7 +199,7 @@ static PyObject *lookup(const Run *run, const char *key, size_t n) {
     uint32_t i = lower_bound(run, key, n);
     if (i < run->count) {
         uint32_t s = start_of(run->key_end, i);
-        if (compare(run->keys + s, run->key_end[i] - s, key, n) == 0) {
+        if (key_order(run->keys + s, run->key_end[i] - s, key, n) == 0) {
             uint32_t v = start_of(run->value_end, i);
             return PyBytes_FromStringAndSize(run->values + v, run->value_end[i] - v);
         }
