@@ -9,7 +9,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: help demo test test-fast lint docs bench java install clean
+.PHONY: help demo test test-fast torture lint docs bench java install clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -18,7 +18,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-$(STAMP): setup.cfg setup.py pyproject.toml kvlog/compaction/_kernels.c kvlog/format/_columns.c kvlog/log/_writebuffer.c kvlog/meta/_runs.c kvlog/_key_order.h | $(PY)
+$(STAMP): setup.cfg setup.py pyproject.toml kvlog/compaction/_kernels.c kvlog/format/_columns.c kvlog/log/_writebuffer.c kvlog/meta/_runs.c kvlog/_key_order.h kvlog/_crc32c.h | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
@@ -36,6 +36,9 @@ test: install java ## the whole suite (unit, property, fault, S3, Spark, example
 
 test-fast: install ## the suite without slow, S3 and Spark tests
 	@bash scripts/run-pytest.sh $(PY) -m "not slow and not s3 and not spark" $(PYTEST_ARGS)
+
+torture: install ## seeded torture runs: make torture SEEDS=500 [START=0] [BACKEND=local|s3]
+	$(PY) -m tests.torture --seeds $(or $(SEEDS),100) --start $(or $(START),0) --backend $(or $(BACKEND),local)
 
 lint: install ## ruff and mypy (strict on kvlog/)
 	$(VENV)/bin/ruff check kvlog spark_ext tests benchmarks examples

@@ -17,13 +17,13 @@ setup(
         Extension(
             "kvlog.format._columns",
             sources=["kvlog/format/_columns.c"],
-            depends=["kvlog/_key_order.h"],
+            depends=["kvlog/_key_order.h", "kvlog/_crc32c.h"],
             extra_compile_args=["-O3", "-std=c11"],
         ),
         Extension(
             "kvlog.meta._runs",
             sources=["kvlog/meta/_runs.c"],
-            depends=["kvlog/_key_order.h"],
+            depends=["kvlog/_key_order.h", "kvlog/_crc32c.h"],
             extra_compile_args=["-O3", "-std=c11"],
         ),
     ]

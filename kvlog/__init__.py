@@ -26,6 +26,7 @@ from kvlog.errors import (
     ProducerError,
     ProducerFencedError,
     ReadOnlyError,
+    StorageBehindError,
     StorageError,
     StoreClosedError,
     StoreNotFoundError,
@@ -40,12 +41,12 @@ __all__ = [
     "AppendResult", "Clock", "CompactionReport", "CommitConflictError", "CommitStateUnknownError", "ConfigError",
     "CorruptDataError", "IdSource", "InvalidRecordError", "KvlogError", "Log", "ManualClock",
     "OutOfOrderSequenceError", "Producer", "ProducerError", "ProducerFencedError", "ReadOnlyError",
-    "Record", "SeededIdSource", "StorageError", "Store", "StoreClosedError", "StoreConfig",
+    "Record", "SeededIdSource", "StorageBehindError", "StorageError", "Store", "StoreClosedError", "StoreConfig",
     "StoreNotFoundError", "SystemClock", "SystemIdSource", "WriteBatch", "open", "__version__",
 ]
 
 
-def open(  # noqa: A001 - the public name API.md gives
+def open(  # noqa: A001 - the public name users call
     uri: str | os.PathLike[str] | Storage,
     *,
     partitions: int | None = None,

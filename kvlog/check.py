@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvlog.errors import CorruptDataError
+from kvlog.errors import CorruptDataError, StorageBehindError, StorageError
+from kvlog.format.checksum import crc32c
+from kvlog.format.commit import decode_commit
 from kvlog.log.log import Log
 from kvlog.log.naming import commit_name
 from kvlog.log.reader import records_of_batch
@@ -19,16 +21,24 @@ INDEX_CHECK_LIMIT = 200_000
 def check_store(log: Log, *, deep: bool = False) -> list[str]:
     """Findings, one line each; empty when the store is consistent.
 
-    Checks: the cache is at the newest commit; every live file exists with its
-    size; per partition, live batches are ordered, disjoint and below the end
-    offset; every index entry points at a live record with its key (all of
-    them up to :data:`INDEX_CHECK_LIMIT` entries, or ``deep``); with ``deep``
-    every batch's checksum too.
+    Checks: the cache is at the newest commit, and that commit is in storage,
+    intact and the one the cache applied (a deleted, truncated or replaced newest
+    commit would hide acknowledged writes from every fresh reader); every live
+    file exists with its size and its whole-file CRC32C; per partition, live
+    batches are ordered, disjoint and below the end offset; every index entry
+    points at a live record with its key (all of them up to
+    :data:`INDEX_CHECK_LIMIT` entries, or ``deep``); with ``deep`` every batch's
+    own checksum too. Each finding names the damaged object.
     """
     findings: list[str] = []
-    version = log.refresh()
+    try:
+        version = log.refresh()
+    except StorageBehindError as e:  # the next commit does not follow this cache's history
+        findings.append(str(e))
+        version = log.version
     if log.storage.exists(commit_name(version + 1)):
         findings.append(f"commit {version + 1} exists but the cache stopped at {version}")
+    findings.extend(_check_newest_commit(log, version))
 
     def collect(r: MetaReader) -> tuple[dict[str, Any], dict[int, list[dict[str, Any]]], dict[int, int], int]:
         files = dict(r.iter_files())
@@ -39,12 +49,18 @@ def check_store(log: Log, *, deep: bool = False) -> list[str]:
     files, per_partition, ends, index_count = log.snapshot(collect)
     for file_id, entry in files.items():
         try:
-            info = log.storage.stat(entry["path"])
+            data = log.storage.read(entry["path"])
         except FileNotFoundError:
             findings.append(f"live file {entry['path']} is missing from storage")
             continue
-        if info.size != entry["size"]:
-            findings.append(f"live file {entry['path']} has {info.size} bytes, expected {entry['size']}")
+        except StorageError as e:
+            findings.append(f"live file {entry['path']} could not be read: {e}")
+            continue
+        if len(data) != entry["size"]:
+            findings.append(f"live file {entry['path']} has {len(data)} bytes, expected {entry['size']}")
+        elif crc32c(data) != entry["crc"]:
+            findings.append(f"live file {entry['path']} fails its checksum (damaged in storage)")
+        del data
         if not entry["batches"]:
             findings.append(f"live file {file_id} has no live batch")
     for p, batches in per_partition.items():
@@ -65,6 +81,26 @@ def check_store(log: Log, *, deep: bool = False) -> list[str]:
     if deep or index_count <= INDEX_CHECK_LIMIT:
         findings.extend(_check_index(log))
     return findings
+
+
+def _check_newest_commit(log: Log, version: int) -> list[str]:
+    """The newest applied commit is in storage, decodes, and is the one the cache applied."""
+    if version == 0:
+        return []
+    name = commit_name(version)
+    applied = log.snapshot(lambda r: r.applied_commit())
+    try:
+        data = log.storage.read(name)
+    except FileNotFoundError:
+        return [f"commit {name}, the newest applied, is missing from storage "
+                "(fresh readers stop before it)"]
+    try:
+        decode_commit(name, data)
+    except CorruptDataError as e:
+        return [f"commit {e}"]
+    if applied is not None and applied[0] == version and crc32c(data) != applied[2]:
+        return [f"commit {name} differs from the commit this cache applied at version {version}"]
+    return []
 
 
 def _check_index(log: Log) -> list[str]:

@@ -12,10 +12,15 @@ from typing import Any
 
 from kvlog.errors import ConfigError
 
-__all__ = ["StoreConfig", "KAFKA_NAMES", "MiB", "DAY_MS"]
+__all__ = ["StoreConfig", "KAFKA_NAMES", "MiB", "DAY_MS", "KEY_BYTES_LIMIT", "MIN_FILE_DELETE_DELAY_MS"]
 
 MiB = 1024 * 1024
 DAY_MS = 24 * 3600 * 1000
+#: The smallest ``file_delete_delay_ms``: a get looks its key up and reads the value's batch
+#: in two steps, and a replaced file must outlive that (and any scan's next chunk) by a margin.
+MIN_FILE_DELETE_DELAY_MS = 1_000
+#: The longest key any store holds (the largest ``max_key_bytes``).
+KEY_BYTES_LIMIT = 65_535
 
 #: The Kafka setting each kvlog setting corresponds to, where there is one.
 KAFKA_NAMES: dict[str, str] = {
@@ -73,7 +78,10 @@ class StoreConfig:
     l0_merge_files: int = 32
     """L0 files waiting before they are merged into L1."""
     file_delete_delay_ms: int = 60_000
-    """Grace period before an unreferenced data file or a replaced input is deleted."""
+    """Grace period before an unreferenced data file or a replaced input is deleted: how long a
+    read of an older version (a scan, a snapshot) may keep using a replaced file. At least
+    :data:`MIN_FILE_DELETE_DELAY_MS`. Acknowledged writes never depend on it: GC condemns an
+    orphan in a commit before deleting it, and a commit adding a condemned file is refused."""
     background_compaction: bool = True
     """Run the compactor in a background thread."""
     compaction_interval_ms: int = 15_000
@@ -83,7 +91,8 @@ class StoreConfig:
     commit_retention_ms: int = 7 * DAY_MS
     """Commits older than the newest checkpoint by more than this are deleted."""
     max_key_bytes: int = 4096
-    """Largest key accepted."""
+    """Largest key a put accepts. Reads and deletes take any key up to :data:`KEY_BYTES_LIMIT`,
+    so lowering this on a reopen never makes existing keys unreadable."""
     max_record_bytes: int = 8 * MiB
     """Largest key + value accepted."""
     compression: str = "zstd"
@@ -120,13 +129,17 @@ class StoreConfig:
         need(self.offset_map_bytes >= 64, "offset_map_bytes", "must hold at least one key (>= 64)")
         need(int(self.offset_map_bytes // 16 * self.offset_map_load_factor) >= 1, "offset_map_bytes",
              "must hold at least one key at offset_map_load_factor (16 bytes a slot)")
-        need(1 <= self.max_key_bytes <= 65535, "max_key_bytes", "must be between 1 and 65535")
+        need(1 <= self.max_key_bytes <= KEY_BYTES_LIMIT, "max_key_bytes",
+             f"must be between 1 and {KEY_BYTES_LIMIT}")
         need(self.max_record_bytes > self.max_key_bytes, "max_record_bytes",
              "must be larger than max_key_bytes")
         need(self.max_unflushed_bytes >= self.max_record_bytes, "max_unflushed_bytes",
              "must be at least max_record_bytes")
         need(self.checkpoint_interval >= 1, "checkpoint_interval", "must be >= 1")
         need(self.l0_merge_files >= 2, "l0_merge_files", "must be >= 2")
+        need(self.file_delete_delay_ms >= MIN_FILE_DELETE_DELAY_MS, "file_delete_delay_ms",
+             f"must be at least {MIN_FILE_DELETE_DELAY_MS} ms: a replaced file must outlive the "
+             "reads that began before it was replaced")
 
     @classmethod
     def from_settings(cls, base: StoreConfig | None = None, **settings: Any) -> StoreConfig:

@@ -21,6 +21,7 @@ __all__ = [
     "StoreClosedError",
     "ReadOnlyError",
     "CorruptDataError",
+    "StorageBehindError",
     "ProducerError",
     "OutOfOrderSequenceError",
     "ProducerFencedError",
@@ -64,6 +65,14 @@ class CorruptDataError(KvlogError):
         super().__init__(f"{name}: {reason}")
         self.name = name
         self.reason = reason
+
+
+class StorageBehindError(CorruptDataError):
+    """The storage root is not the history the metadata cache applied: the newest commit the
+    cache knows is missing or different (the root was restored from an older copy, or damaged).
+
+    Nothing was written. Reopening the store rebuilds its cache from storage.
+    """
 
 
 class ProducerError(KvlogError):

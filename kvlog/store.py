@@ -14,11 +14,11 @@ import threading
 from collections.abc import Iterator
 from itertools import chain
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from kvlog.clock import Clock, IdSource
 from kvlog.compaction import CompactionReport, Compactor
-from kvlog.config import StoreConfig
+from kvlog.config import KEY_BYTES_LIMIT, StoreConfig
 from kvlog.errors import InvalidRecordError, ReadOnlyError, StoreClosedError
 from kvlog.index import TOMBSTONE, MemTable, merge_sorted
 from kvlog.log.flusher import Flusher
@@ -26,11 +26,12 @@ from kvlog.log.log import Log, open_log
 from kvlog.log.records import Record, to_key, to_value
 from kvlog.meta import IndexEntry, MetaReader, MetaTxn
 from kvlog.meta.cache import (
-    INDEX_HEAD_BYTES,
-    INLINE_FLAG,
+    LMDB_ERROR,
     PinnedRuns,
     decode_index_value,
     find_in_runs,
+    index_damage,
+    index_inline,
     index_read_handles,
     index_value_reader,
 )
@@ -40,6 +41,7 @@ from kvlog.storage import Storage
 __all__ = ["Store", "WriteBatch", "open_store"]
 
 _MISSING = object()
+_T = TypeVar("_T")
 
 
 class WriteBatch:
@@ -49,10 +51,9 @@ class WriteBatch:
         self._store = store
         self._records: list[tuple[bytes, bytes | None]] = []
         self._done = False
-        self._rejected = False
 
     def put(self, key: bytes | str, value: bytes | str) -> None:
-        """Add a put; bad input raises at once and the batch will write nothing."""
+        """Add a put; bad input raises at once and is not added (the rest of the batch stands)."""
         self._add(key, value, is_put=True)
 
     def delete(self, key: bytes | str) -> None:
@@ -62,11 +63,9 @@ class WriteBatch:
     def _add(self, key: Any, value: Any, *, is_put: bool) -> None:
         if self._done:
             raise StoreClosedError("this write batch is finished")
-        try:
-            self._records.append(self._store._record(key, to_value(value) if is_put else None))
-        except InvalidRecordError:
-            self._rejected = True  # even if the caller catches it, the batch stays rejected whole
-            raise
+        # Validated before it is added: a refused record changes nothing, and a caller that
+        # catches the error keeps the records it added before and after it.
+        self._records.append(self._store._record(key, to_value(value) if is_put else None))
 
     def __len__(self) -> int:
         return len(self._records)
@@ -77,7 +76,7 @@ class WriteBatch:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self._done = True
-        if kind is None and self._records and not self._rejected:
+        if kind is None and self._records:
             self._store._write(self._records, sync=True)
 
 
@@ -108,7 +107,8 @@ class Store:
         self._compactor: Compactor | None = None
         if not log.read_only:
             pid = producer_id if producer_id is not None else self._own_producer_id()
-            producer = log.producer(pid)
+            with log.settle_deferred():  # opening never waits for the index runs to merge
+                producer = log.producer(pid)
             self._flusher = Flusher(log, producer.producer_id, producer.epoch, self._memtable)
             log.index_guard = self._memtable.lock  # writers pause while the index is written per record
             if self.config.flush_interval_ms > 0:
@@ -145,7 +145,16 @@ class Store:
         return self._flusher
 
     def _record(self, key: Any, value: bytes | None) -> tuple[bytes, bytes | None]:
-        k = to_key(key, self.config.max_key_bytes)
+        if value is None:
+            # A delete also takes a longer key that the store holds: one written before
+            # max_key_bytes was lowered must stay deletable.
+            k = to_key(key, KEY_BYTES_LIMIT)
+            if len(k) > self.config.max_key_bytes and self.get(k, _MISSING) is _MISSING:
+                raise InvalidRecordError(
+                    f"a key of {len(k)} bytes is larger than max_key_bytes={self.config.max_key_bytes}"
+                )
+        else:
+            k = to_key(key, self.config.max_key_bytes)
         size = len(k) + (len(value) if value is not None else 0)
         if size > self.config.max_record_bytes:
             raise InvalidRecordError(
@@ -220,14 +229,16 @@ class Store:
                 txn = self._begin(self._index_db)
             except self._map_resized:
                 return self._get(key, default)
+            except LMDB_ERROR as e:
+                raise self.log.env.failure(e) from e
             try:
                 snapshot = txn.id()
                 raw = None
                 if snapshot != self._runless_snapshot:
                     runs = self._pinned_runs.runs(snapshot)
                     if runs is None:
-                        return self._get(key, default)  # a commit landed meanwhile: the general path
-                    if runs:
+                        raw = b""  # a commit landed meanwhile: the general path, below
+                    elif runs:
                         raw = find_in_runs(runs, key)  # pending index runs first, newest first
                         if raw == b"":
                             return default  # deleted in a run
@@ -236,19 +247,27 @@ class Store:
                         self._pinned_runs.release()
                 if raw is None:
                     raw = txn.get(key)
+                    if raw is None:
+                        return default
+                # Checked against its CRC32C: a damaged entry raises, never returns a value.
+                inline = index_inline(key, raw) if raw else None
+            except LMDB_ERROR as e:
+                raise self.log.env.failure(e) from e
+            except ValueError:  # raised by the index's checks alone: the key is valid
+                raise index_damage(self.log.env, key) from None
             finally:
                 txn.abort()
-            if raw is None:
-                return default
-            if raw[INDEX_HEAD_BYTES - 1] == INLINE_FLAG:
-                return raw[INDEX_HEAD_BYTES:]
+            if inline is not None:
+                return inline
+            if not raw:
+                return self._get(key, default)
             return self._get_entry(key, raw, default)
         return self._get(key, default)
 
     def _get(self, key: Any, default: Any) -> Any:
         if self._closed:
             raise StoreClosedError("the store is closed")
-        k = to_key(key, self._max_key)
+        k = to_key(key, KEY_BYTES_LIMIT)  # reads take any key a store may hold
         memtable = self._memtable
         front = memtable.front.get(k)
         if front is None and memtable.frozen is not None:
@@ -262,7 +281,10 @@ class Store:
         return self._get_entry(k, raw, default)
 
     def _get_entry(self, k: bytes, raw: bytes, default: Any) -> Any:
-        entry = decode_index_value(k, raw)
+        try:
+            entry = decode_index_value(k, raw)  # its CRC32C checked
+        except ValueError:
+            raise index_damage(self.log.env, encode_index_key(k)) from None
         if entry.inline is not None:
             return entry.inline
 
@@ -270,12 +292,15 @@ class Store:
         # lookup: look the key up again together with its batch, in one snapshot.
         def in_one_snapshot(r: MetaReader) -> Any:
             again = r.index_get(k)
-            return default if again is None else self._value_of(again, r)
+            return default if again is None else self._value_of(k, again, r)
 
         return self.log.snapshot(in_one_snapshot)
 
-    def _value_of(self, entry: IndexEntry, reader: MetaReader | None = None) -> bytes:
-        """The value ``entry`` points at, its batch looked up in ``reader`` (the entry's snapshot)."""
+    def _value_of(self, key: bytes, entry: IndexEntry, reader: MetaReader | None = None) -> bytes:
+        """The value of ``key`` at ``entry``, its batch looked up in ``reader`` (the entry's
+        snapshot). The record read must hold ``key``: an index or batch directory that points
+        elsewhere (damage the checksums missed) raises ``CorruptDataError``, never another
+        key's value."""
         if entry.inline is not None:
             return entry.inline
         if reader is not None:
@@ -286,19 +311,29 @@ class Store:
             from kvlog.errors import CorruptDataError
 
             raise CorruptDataError(f"partition {entry.partition}", f"offset {entry.offset} is not live")
-        records = self.log.read_batch(batch)
-        position = entry.offset - int(batch["base"])
-        if batch.get("present") is not None:
-            from kvlog.format.bitmap import decode_offsets
+        where = f"partition {entry.partition} offset {entry.offset}"
+        try:
+            records = self.log.read_batch(batch)
+            position = entry.offset - int(batch["base"])
+            if batch.get("present") is not None:
+                from kvlog.format.bitmap import decode_offsets
 
-            present = decode_offsets(batch["path"], batch["present"])
-            if position not in present:  # never read a neighbour's value for a removed offset
-                from kvlog.errors import CorruptDataError
+                present = decode_offsets(batch["path"], batch["present"])
+                if position not in present:  # never read a neighbour's value for a removed offset
+                    from kvlog.errors import CorruptDataError
 
-                raise CorruptDataError(f"partition {entry.partition}", f"offset {entry.offset} is not live")
-            position = present.rank(position) - 1
+                    raise CorruptDataError(f"partition {entry.partition}", f"offset {entry.offset} is not live")
+                position = present.rank(position) - 1
+        except (KeyError, TypeError, ValueError) as e:  # a batch directory entry of the wrong shape
+            raise self.log.env.damaged(f"the batch directory entry of {where} is malformed ({e!r})",
+                                       index_only=False) from None
+        if not 0 <= position < records.num_rows or records.column(0)[position].as_py() != key:
+            raise self.log.env.damaged(f"the key index points a key at {where}, which holds another key",
+                                       index_only=True)
         value = records.column(1)[position].as_py()
-        assert isinstance(value, bytes)
+        if not isinstance(value, bytes):
+            raise self.log.env.damaged(f"the key index points a key at {where}, a deletion",
+                                       index_only=True)
         return value
 
     def scan(
@@ -316,8 +351,23 @@ class Store:
             front = self._memtable.items_in_range(lo, hi, pre)
             reader = self.log.reader()
         if not front and not reverse:
-            return chain.from_iterable(self._scan_chunks(reader, lo, hi, pre))
-        return self._scan(reader, front, lo, hi, pre, reverse)
+            return self._while_open(chain.from_iterable(self._scan_chunks(reader, lo, hi, pre)))
+        return self._while_open(self._scan(reader, front, lo, hi, pre, reverse))
+
+    def _while_open(self, items: Iterator[_T]) -> Iterator[_T]:
+        """``items`` until the store is closed: then :class:`StoreClosedError`, whatever the
+        closed snapshot or storage would have raised."""
+        try:
+            for item in items:
+                if self._closed:
+                    break
+                yield item
+            else:
+                return
+        except Exception:
+            if not self._closed:
+                raise
+        raise StoreClosedError("the store was closed while this iterator was in use")
 
     def _scan_chunks(
         self, reader: MetaReader, lo: bytes | None, hi: bytes | None, pre: bytes | None
@@ -346,7 +396,7 @@ class Store:
     ) -> Iterator[tuple[bytes, bytes]]:
         for key, entry in merge_sorted(reader.index_scan(lo, hi, pre, reverse), front, reverse=reverse):
             if isinstance(entry, IndexEntry):
-                yield key, self._value_of(entry, reader)
+                yield key, self._value_of(key, entry, reader)
             else:
                 assert isinstance(entry, bytes)
                 yield key, entry
@@ -356,13 +406,13 @@ class Store:
         self._check_open()
         self._maybe_refresh()
         if partition is not None:
-            return self.log.read(partition, from_offset)
+            return self._while_open(self.log.read(partition, from_offset))
 
         def every() -> Iterator[Record]:
             for p in range(self.log.partitions):
                 yield from self.log.read(p, from_offset)
 
-        return every()
+        return self._while_open(every())
 
     # -- dict protocol ----------------------------------------------------------------------------
     def __getitem__(self, key: bytes | str) -> bytes:
@@ -377,7 +427,7 @@ class Store:
 
     def __delitem__(self, key: bytes | str) -> None:
         self._writer()  # closed -> StoreClosedError, read-only -> ReadOnlyError, even for a missing key
-        to_key(key, self.config.max_key_bytes)  # a bad key is InvalidRecordError, as in store[key]
+        to_key(key, KEY_BYTES_LIMIT)  # a bad key is InvalidRecordError, as in store[key]
         if key not in self:
             raise KeyError(key)
         self.delete(key)
@@ -487,7 +537,10 @@ class Store:
 
 def _bound(value: bytes | str) -> bytes:
     if isinstance(value, str):
-        return value.encode("utf-8")
+        try:
+            return value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidRecordError(f"a key bound is not valid UTF-8 text: {e.reason}") from None
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     raise InvalidRecordError(f"a key bound must be bytes or str, not {type(value).__name__}")

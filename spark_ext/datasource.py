@@ -7,7 +7,9 @@ one GET; view ``latest``: one per kvlog partition, since a key's records all
 live in one partition). Executors read Arrow batches themselves and yield
 ``pyarrow.RecordBatch`` of exactly the declared schema.
 
-Appends: each task is a producer with a deterministic id (from the write job's
+Appends: the DataFrame's schema is checked on the driver when the write is
+planned (:func:`_check_write_schema`), so a bad one fails before any task runs;
+each task is a producer with a deterministic id (from the write job's
 id and the task's partition) and sequences from 0, writes its own data file,
 and returns its file entry; the driver's ``commit`` makes every task's files
 live in one commit; ``abort`` deletes them (they were never referenced).
@@ -38,7 +40,7 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
     WriterCommitMessage,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import BinaryType, LongType, StringType, StructType
 
 from kvlog.clock import SystemClock
 from kvlog.errors import ConfigError, InvalidRecordError, KvlogError
@@ -66,6 +68,39 @@ _LATEST_ARROW = pa.schema([
     ("key", pa.binary()), ("value", pa.binary()), ("partition", pa.int32()), ("offset", pa.int64()),
     ("timestamp", pa.int64()),
 ])
+
+
+#: The columns of a DataFrame appended to a store, as the error of a bad schema names them.
+_WRITE_COLUMNS = ("'key' (binary or string), 'value' (binary or string; null deletes the key) "
+                 "and optionally 'timestamp' (bigint, milliseconds)")
+
+
+def _check_write_schema(schema: StructType) -> None:
+    """Refuse a DataFrame that is not exactly ``key``, ``value`` and optionally ``timestamp``.
+
+    Called on the driver while the write is planned, so no task runs and nothing is written.
+    A missing ``value`` column in particular must not be read as all-null values: that
+    would append a tombstone for every key. Every problem found is named in one
+    ``InvalidRecordError``, with the columns expected.
+    """
+    allowed: dict[str, tuple[type, ...]] = {"key": (BinaryType, StringType), "value": (BinaryType, StringType),
+                                            "timestamp": (LongType,)}
+    names = [f.name for f in schema.fields]
+    problems = [f"no '{name}' column" for name in ("key", "value") if name not in names]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"the column '{name}' appears {names.count(name)} times")
+    for field in schema.fields:
+        if field.name not in allowed:
+            problems.append(f"unknown column '{field.name}'")
+        elif not isinstance(field.dataType, allowed[field.name]):
+            wanted = "bigint" if field.name == "timestamp" else "binary or string"
+            problems.append(f"'{field.name}' is {field.dataType.simpleString()}, not {wanted}")
+    if problems:
+        raise InvalidRecordError(
+            f"a DataFrame written to kvlog has the columns {_WRITE_COLUMNS}; this one has "
+            f"{', '.join(f'{f.name} {f.dataType.simpleString()}' for f in schema.fields) or 'no columns'}: "
+            f"{'; '.join(problems)}. Nothing was written."
+        )
 
 
 def live_batches(uri: str, storage_options: dict[str, Any] | None, cache_dir: str | None = None
@@ -216,9 +251,6 @@ class _Writer(DataSourceArrowWriter):  # type: ignore[misc]
         self.uri = store_uri(options)
         self.storage_options = storage_options_from(options)
         self.cache_dir = options.get("cache_dir") or None
-        names = [f.name for f in schema.fields]
-        if "key" not in names:
-            raise InvalidRecordError(f"a DataFrame written to kvlog needs a 'key' column; it has {names}")
         self.job_id = uuid.uuid4().hex
         the_log = open_log(self.uri, create=False, read_only=True, storage_options=self.storage_options,
                            cache_dir=driver_cache_dir(self.uri, self.cache_dir), maintain_index=False)
@@ -244,7 +276,7 @@ class _Writer(DataSourceArrowWriter):  # type: ignore[misc]
             key_col = batch.column("key")
             if key_col.null_count:
                 raise InvalidRecordError("a kvlog key may not be null")
-            value_col = batch.column("value") if "value" in batch.schema.names else pa.nulls(batch.num_rows)
+            value_col = batch.column("value")
             ts_col = batch.column("timestamp").to_pylist() if "timestamp" in batch.schema.names else None
             for i, (k, v) in enumerate(zip(_as_bytes(key_col), _as_bytes(value_col), strict=True)):
                 if not k or len(k) > self.max_key_bytes:
@@ -343,4 +375,5 @@ class KvlogDataSource(DataSource):  # type: ignore[misc]
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         if overwrite:
             raise ConfigError("the kvlog data source only appends: use .mode('append')")
+        _check_write_schema(schema)  # on the driver, before the store is opened or any task runs
         return _Writer(dict(self.options), schema)

@@ -112,8 +112,11 @@ def compact(spark: Any, uri: str, *, storage_options: dict[str, Any] | None = No
         report.partitions = sorted(clean)
         if outcome["error"] is not None:
             storage = the_log.storage
+            # Outputs an earlier attempt of this commit made live (its answer lost) stay.
+            live = set(the_log.snapshot(lambda r: [file_id for file_id, _entry in r.iter_files()]))
             for f in outputs:
-                storage.delete(f.path)
+                if f.file_id not in live:
+                    storage.delete(f.path)
             report.refused = True
             return report
         report.rounds = 1

@@ -2,6 +2,9 @@
 
 Sizes are a few thousand records so this stays well under a minute (SeaweedFS
 included when its binary is installed); the figures themselves are not checked.
+The recovery part also runs alone in its ``--quick`` configuration (one run per
+state), and its kill points are checked: what was pending when the writer was
+killed, and what the reopened store found.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from typing import Any
 import pytest
 
 from kvlog.bench import run
+from kvlog.bench.recovery import ANCHORS, STATES, rocksdict_missing
 from kvlog.bench.report import rows
-from kvlog.bench.suite import GOALS, SCHEMA, TINY
+from kvlog.bench.suite import GOALS, SCHEMA, TINY, settings_for
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +26,7 @@ EXPECTED = {
     "log.append", "log.durable_local_sync_put", "log.durable_local_flush_loop",
     "log.durable_s3_sync_put", "log.durable_s3_flush_loop", "log.commit_latency_s3",
     "store.puts", "store.gets", "store.scan", "store.durable_threads", "store.memory",
+    *(f"store.recovery_{state}" for state in STATES),
 }
 
 
@@ -112,3 +117,59 @@ def test_puts_pair_each_kvlog_run_with_its_anchor_run(results: tuple[dict[str, A
         [k / a for k, a in zip(puts["subject"]["runs"], lmdb["runs"], strict=True)])
     goal_row = next(r for r in rows(document) if r["goal"] == GOALS["store.puts"]["text"])
     assert goal_row["note"].startswith(f"paired runs: {lmdb['paired_ratios'][0]:.2f}x")
+
+
+def test_recovery_quick_kills_the_writer_at_each_state(tmp_path: Path) -> None:
+    settings = settings_for("quick", repeats=1)
+    out = tmp_path / "recovery.json"
+    document = run(settings, out, plots=False, table=False, work_dir=tmp_path, progress=False,
+                   only=["store.recovery"])
+    on_disk = json.loads(out.read_text(encoding="utf-8"))
+    assert [e["id"] for e in on_disk["benchmarks"]] == [f"store.recovery_{state}" for state in STATES]
+    entries = {e["id"].removeprefix("store.recovery_"): e for e in document["benchmarks"]}
+    expected_anchors = [a for a in ANCHORS if not (a == "rocksdict" and rocksdict_missing())]
+    for state, entry in entries.items():
+        assert entry["status"] == "ok", entry.get("traceback") or entry
+        assert entry["unit"] == "ms" and entry["higher_is_better"] is False and entry["method"]
+        assert entry["keys"] == settings.recovery_keys
+        assert entry["commits"] * entry["commit_records"] >= entry["keys"]
+        limit = entry["index_run_limit"]
+        assert entry["commits"] >= limit + 1  # a merge, then the limit's runs pending
+        subject = entry["subject"]
+        _check_measurement(subject)
+        assert len(subject["runs"]) == settings.repeats
+        assert entry["slowest_ms"] == max(subject["runs"])
+        assert isinstance(entry["goal"]["met"], bool) and entry["goal"]["value"] == entry["slowest_ms"]
+        for sample, total in zip(subject["samples"], subject["runs"], strict=True):
+            assert sample["state"] == state
+            assert total == pytest.approx(sample["open_ms"] + sample["get_ms"])
+            assert sample["import_ms"] > 0 and sample["process_ms"] > total
+            assert sample["most_index_runs_in_load"] == limit
+            writer = sample["writer"]
+            assert writer["commits"] == entry["commits"] and writer["typical_flush_s"] > 0
+            at_kill, at_open = sample["index_runs_at_kill"], sample["index_runs_at_open"]
+            if state == "closed":
+                assert at_kill is None and at_open == 0 and writer["close_s"] > 0
+            elif state == "settled":
+                assert at_kill == 0 and at_open == 0
+            elif state == "pending_runs":
+                assert at_kill == limit and at_open == limit  # opening merged nothing
+            else:
+                assert at_kill == limit and sample["kill_after_ms"] > 0
+                assert isinstance(sample["flush_finished_before_kill"], bool)
+                # The killed flush's commit either never landed (its runs still pending), or
+                # landed and was replayed without a merge, or landed with its merge done.
+                landed = sample["killed_flush_landed"]
+                assert (landed, at_open) in {(False, limit), (True, limit + 1), (True, 0)}
+        assert [a["key"] for a in entry["anchors"]] == expected_anchors
+        for anchor in entry["anchors"]:
+            _check_measurement(anchor)
+            assert len(anchor["samples"]) == settings.repeats and anchor["load_s"] > 0
+            assert anchor["paired_ratios"] == pytest.approx(
+                [k / a for k, a in zip(subject["runs"], anchor["runs"], strict=True)])
+            assert entry["ratios"][anchor["key"]]["ratio"] == pytest.approx(subject["value"] / anchor["value"])
+        if "rocksdict" not in expected_anchors:
+            assert entry["anchors_skipped"]["rocksdict"]
+    goal_rows = [r for r in rows(document) if r["goal"]]
+    assert len(goal_rows) == len(STATES)
+    assert all(r["note"].startswith("runs ") for r in goal_rows)

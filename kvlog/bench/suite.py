@@ -18,7 +18,10 @@ Groups (issue numbers of the project's tracker):
     (``executemany``, WAL, one transaction); random gets vs py-lmdb and a
     dict; a full scan vs an LMDB cursor; durable writes from 16 threads vs
     LMDB with one synced transaction per put; peak anonymous memory at two
-    store sizes, each in a fresh process.
+    store sizes, each in a fresh process; reopening after the writer was
+    killed (``kill -9``) in four states, a fresh process's ``kvlog.open`` +
+    first get vs py-lmdb's (and rocksdict's) reopen after a killed writer
+    (:mod:`kvlog.bench.recovery`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,14 @@ import numpy as np
 import kvlog
 from kvlog.bench.data import KEY_BYTES, VALUE_BYTES, make_keys, make_values, median, percentiles
 from kvlog.bench.machine import machine_info
+from kvlog.bench.recovery import (
+    MID_FLUSH_KILL_FRACTIONS,
+    STATES,
+    Plan,
+    commit_records_for,
+    measure_recovery,
+    min_commits,
+)
 from kvlog.clock import SystemClock
 from kvlog.config import StoreConfig
 from kvlog.log.log import open_log
@@ -80,6 +91,8 @@ class Settings:
     latency_samples: int = 20_000
     """Gets timed one by one for the get latency percentiles."""
     rss_gets: int = 20_000
+    recovery_keys: int = 20_000
+    """Records loaded before each kill of the recovery benchmark (``repeats`` runs per state)."""
     append_batch_records: int = 1000
     commit_batch_records: int = 10
     threads: int = 16
@@ -90,11 +103,13 @@ class Settings:
 
 
 FULL = Settings("full", records=1_000_000, repeats=3, puts_repeats=5, append_batches=200, durable_seconds=3.0,
-                commit_samples=500, rss_sizes=(100_000, 5_000_000))
+                commit_samples=500, rss_sizes=(100_000, 5_000_000), recovery_keys=5_000_000)
 QUICK = Settings("quick", records=50_000, repeats=3, puts_repeats=3, append_batches=20, durable_seconds=1.0,
-                 commit_samples=100, rss_sizes=(20_000, 200_000), latency_samples=5_000)
+                 commit_samples=100, rss_sizes=(20_000, 200_000), latency_samples=5_000,
+                 recovery_keys=20_000)
 TINY = Settings("tiny", records=3_000, repeats=1, puts_repeats=1, append_batches=3, durable_seconds=0.3,
-                commit_samples=20, rss_sizes=(2_000, 10_000), latency_samples=1_000, rss_gets=1_000)
+                commit_samples=20, rss_sizes=(2_000, 10_000), latency_samples=1_000, rss_gets=1_000,
+                recovery_keys=3_000)
 
 #: Goals printed next to the figures (not asserted).
 GOALS: dict[str, dict[str, Any]] = {
@@ -102,6 +117,8 @@ GOALS: dict[str, dict[str, Any]] = {
     "store.gets": {"anchor": "lmdb", "min_ratio": 0.5, "text": "gets >= 0.5x raw LMDB"},
     "store.scan": {"anchor": "lmdb_cursor", "min_ratio": 0.5, "text": "scan >= 0.5x LMDB cursor"},
     "store.memory": {"metric": "growth_mib", "max": 64.0, "text": "RssAnon growth < 64 MiB"},
+    **{f"store.recovery_{state}": {"metric": "slowest_ms", "max": 1000.0,
+                                   "text": "open + first get < 1 s, every run"} for state in STATES},
 }
 
 GENERAL_METHOD = (
@@ -1068,6 +1085,112 @@ def bench_store_memory(ctx: Context) -> dict[str, Any]:
     )
 
 
+_RECOVERY_ANCHOR_NAMES = {
+    "lmdb": "py-lmdb, writer killed in a write txn: lmdb.open + first get",
+    "rocksdict": "rocksdict, writer killed after unsynced puts: Rdict(path) + first get",
+}
+
+
+def _recovery_state_text(state: str, limit: int, commit_records: int, keys: int) -> tuple[str, str]:
+    """The title and the kill point of one state of the recovery benchmark."""
+    if state == "closed":
+        return ("reopen + first get after kill -9: after close()",
+                "Killed after a clean store.close(), which flushes, merges the pending runs and "
+                "marks the cache as closed cleanly.")
+    if state == "settled":
+        return ("reopen + first get after kill -9: 0 index runs pending",
+                "Killed right after store.log.settle_index(): no runs pending, but the cache was "
+                "not closed cleanly.")
+    if state == "pending_runs":
+        return (f"reopen + first get after kill -9: {limit} index runs pending",
+                f"Killed right after the load's last commit, which leaves {limit} runs pending "
+                f"(index_run_limit: the next commit merges them).")
+    fractions = ", ".join(f"{f:g}" for f in MID_FLUSH_KILL_FRACTIONS)
+    return ("reopen + first get after kill -9: in the middle of a flush",
+            f"After the load ({limit} runs pending) the writer puts {commit_records:,} more records "
+            f"(indices {keys:,} on) and calls store.flush(), whose commit leaves {limit + 1} runs and "
+            f"so merges them all in the writer; the parent kills it {fractions} typical flush times "
+            f"(the median of the load's fastest three quarters of flushes, which leaves out those "
+            f"that merged) after the writer says it starts the flush, run after run in turn: in the "
+            f"data file, around the commit, or in the merge. Per run: whether the flush had "
+            f"finished (flush_finished_before_kill) and whether its commit landed "
+            f"(killed_flush_landed: its first key found after the reopen).")
+
+
+def bench_store_recovery(ctx: Context) -> list[dict[str, Any]]:
+    """Reopen + first get after the writer was killed, in four states, vs py-lmdb and rocksdict."""
+    s = ctx.settings
+    keys = s.recovery_keys
+    plan = Plan(keys, commit_records_for(keys, s.store_settings), s.seed, dict(s.store_settings))
+    config = StoreConfig.from_settings(None, **s.store_settings)
+    limit = config.index_run_limit
+    began = perf_counter()
+    with ctx.scratch_dir("recovery") as work:
+        result = measure_recovery(plan, work, s.repeats, ctx.bar.describe)
+    seconds = perf_counter() - began
+    samples = result["samples"]
+    skipped = result["anchors_skipped"]
+    settle_after = max(plan.commits - limit, 0) if limit > 0 else 0
+    common = (
+        f"{keys:,} records (16-byte keys, 100-byte values) loaded into a new local store by a writer "
+        f"subprocess: kvlog.open(path, background_compaction=False, flush_interval_ms=0), no "
+        f"background flusher, so no quiet spell merges the index runs between the writer's report "
+        f"and the kill; {plan.commit_records:,} records per commit (store.flush(), {plan.commits} "
+        f"commits: the records a {config.flush_bytes // MiB} MiB flush holds, or "
+        f"N / {min_commits(s.store_settings)} when that is fewer); the writer merges the index runs (store.log.settle_index()) after "
+        f"commit {settle_after}, as a quiet writer would, so the last {min(limit, plan.commits)} "
+        f"commits' runs are pending at the end of the load, and prints the pending runs after "
+        f"every commit; the parent sends SIGKILL at the state's point. Then every file and "
+        f"directory under the store's directory is fsynced (the killed writer's pages reach the "
+        f"disk first, so the timed part does not compete with their writeback; the anchors' "
+        f"likewise) and a fresh process (python -c, "
+        f"no kvlog module imported before its timer) times kvlog.open(path) (default settings) and "
+        f"the first store.get of a record acknowledged before the kill, drawn at random (seeded; "
+        f"the same record for every state and anchor within a run), and checks its value. The "
+        f"figure is open + first get in ms; per run (`samples`): open_ms, get_ms, import_ms "
+        f"(import kvlog), process_ms (from the spawn to the answer, as the parent sees it), "
+        f"cache_check_ms (the part of the open spent checking the structure of an LMDB cache that "
+        f"was not closed cleanly, which reads the whole file; timed by wrapping "
+        f"kvlog.meta.env.check_lmdb_file), cache_disk_bytes, the pending runs at the kill and "
+        f"after the open, and the writer's own timings. {s.repeats} runs per state; within each run "
+        f"the states go in turn, each kvlog sample followed by one sample of each anchor. Anchors, "
+        f"loaded once with the same records (py-lmdb: one write transaction per commit's records; "
+        f"rocksdict: puts, Options(raw_mode=True), default WAL) and reused: py-lmdb: a writer "
+        f"subprocess opens the environment, puts {plan.commit_records:,} new random records in a "
+        f"write transaction it never commits and is killed; the reopen is lmdb.open + the first "
+        f"get in one read transaction. rocksdict: a writer puts {plan.commit_records:,} new random "
+        f"records (WAL, not synced) and is killed; the reopen, Rdict(path), replays them. "
+        f"paired_ratios: kvlog's run i / the anchor's run i."
+    )
+    entries = []
+    for state in STATES:
+        title, point = _recovery_state_text(state, limit, plan.commit_records, keys)
+        kv = samples["kvlog"][state]
+        totals = [x["total_ms"] for x in kv]
+        anchors = []
+        for name, runs in samples.items():
+            if name == "kvlog":
+                continue
+            theirs = runs[state]
+            anchors.append(measurement(
+                name, _RECOVERY_ANCHOR_NAMES[name], "ms", [x["total_ms"] for x in theirs],
+                paired_ratios=[k / a["total_ms"] for k, a in zip(totals, theirs, strict=True)],
+                **{f"{part}_ms": [x[f"{part}_ms"] for x in theirs]
+                   for part in ("open", "get", "import", "process")},
+                samples=theirs, load_s=result["anchor_loads"][name]["load_s"]))
+        entries.append(make_entry(
+            f"store.recovery_{state}", "store", 4, title, point + " " + common,
+            measurement("kvlog", "kvlog.open + first get", "ms", totals,
+                        **{f"{part}_ms": [x[f"{part}_ms"] for x in kv]
+                           for part in ("open", "get", "import", "process")},
+                        samples=kv),
+            anchors, higher_is_better=False, seconds=seconds if state == STATES[0] else 0.0,
+            slowest_ms=max(totals), keys=keys, commit_records=plan.commit_records,
+            commits=plan.commits, index_run_limit=limit, anchors_skipped=skipped,
+        ))
+    return entries
+
+
 # -- the suite ----------------------------------------------------------------------------------
 
 Step = tuple[str, str, int, str, Callable[[Context], "dict[str, Any] | list[dict[str, Any]]"]]
@@ -1081,6 +1204,7 @@ STEPS: list[Step] = [
     ("store.scan", "store", 4, "full scan", bench_store_scan),
     ("store.durable_threads", "store", 4, "durable writes/s, 16 threads", bench_store_durable_threads),
     ("store.memory", "store", 4, "peak RssAnon", bench_store_memory),
+    ("store.recovery", "store", 4, "reopen + first get after kill -9", bench_store_recovery),
 ]
 
 

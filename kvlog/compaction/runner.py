@@ -250,7 +250,12 @@ class Compactor:
         return path
 
     def _discard(self, written: list[FileEntry]) -> None:
+        # A job refused because its own earlier attempt already landed (its answer lost) must
+        # not delete what that attempt made live: only outputs no commit made live go.
+        live = set(self._log.snapshot(lambda r: [file_id for file_id, _entry in r.iter_files()]))
         for entry in written:
+            if entry.file_id in live:
+                continue
             try:
                 self._log.storage.delete(entry.path)
             except KvlogError as e:  # an orphan for GC then

@@ -4,15 +4,22 @@
  * kvlog.format.columns wraps these functions and documents them. pack_binary turns a list of
  * bytes objects (None: null) into the three buffers of an Arrow binary column in one pass per
  * buffer; index_values turns rows of two Arrow binary columns into the (key, index value) pairs
- * that LMDB's putmulti takes. Both hold the GIL: they create or read Python objects. latest_rows
- * sorts a binary column's keys (stable) and keeps each key's last row, without the GIL.
+ * that LMDB's putmulti takes, each sealed with its CRC32C. Both hold the GIL: they create or
+ * read Python objects. latest_rows sorts a binary column's keys (stable) and keeps each key's
+ * last row, without the GIL. Every offset read from a column is checked against its buffer.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "../_crc32c.h"
 #include "../_key_order.h"
+
+/* An index value's head: CRC32C (over the LMDB key, then the value after the CRC), partition,
+ * offset, flags, all big-endian (kvlog.meta.cache documents the layout). */
+#define HEAD_BYTES 15
+#define FLAG_INLINE 1
 
 /* pack_binary(items: list, order: int64 buffer or None) -> (offsets, data, validity or None, nulls) */
 static PyObject *pack_binary(PyObject *self, PyObject *args) {
@@ -44,6 +51,9 @@ static PyObject *pack_binary(PyObject *self, PyObject *args) {
             nulls++;
         } else if (PyBytes_CheckExact(item)) {
             total += PyBytes_GET_SIZE(item);
+            if (total > INT32_MAX) {
+                break; /* refused below; stop before the sum can overflow */
+            }
         } else {
             PyErr_Format(PyExc_TypeError, "items must be bytes or None, not %.100s", Py_TYPE(item)->tp_name);
             goto done;
@@ -70,9 +80,18 @@ static PyObject *pack_binary(PyObject *self, PyObject *args) {
     int32_t *ends = (int32_t *)PyBytes_AS_STRING(offsets);
     char *out = PyBytes_AS_STRING(data);
     int32_t position = 0;
+    Py_ssize_t nulls_seen = 0;
     ends[0] = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(items, picked ? picked[i] : i);
+        /* Allocating the buffers may have run a finalizer that changed the list: check again. */
+        int64_t at = picked ? picked[i] : i;
+        PyObject *item = at < PyList_GET_SIZE(items) ? PyList_GET_ITEM(items, at) : NULL;
+        if (item == NULL || (item != Py_None && !PyBytes_CheckExact(item))
+            || (item != Py_None && PyBytes_GET_SIZE(item) > total - position)
+            || (item == Py_None && !valid_bits)) {
+            PyErr_SetString(PyExc_RuntimeError, "pack_binary: the items changed while they were packed");
+            goto done;
+        }
         if (item != Py_None) {
             Py_ssize_t size = PyBytes_GET_SIZE(item);
             memcpy(out + position, PyBytes_AS_STRING(item), (size_t)size);
@@ -80,8 +99,14 @@ static PyObject *pack_binary(PyObject *self, PyObject *args) {
             if (valid_bits) {
                 valid_bits[i >> 3] |= (uint8_t)(1u << (i & 7));
             }
+        } else {
+            nulls_seen++;
         }
         ends[i + 1] = position;
+    }
+    if (nulls_seen != nulls || position != total) {
+        PyErr_SetString(PyExc_RuntimeError, "pack_binary: the items changed while they were packed");
+        goto done;
     }
     result = Py_BuildValue("(OOOn)", offsets, data, validity ? validity : Py_None, nulls);
 done:
@@ -115,8 +140,8 @@ static PyObject *index_values(PyObject *self, PyObject *args) {
     const int64_t *row = (const int64_t *)rows.buf, *offset = (const int64_t *)positions.buf;
     const uint16_t *partition = (const uint16_t *)partitions.buf;
     const char *kdata = (const char *)key_data.buf, *vdata = (const char *)value_data.buf;
-    if (records < 0 || value_ends.len / 4 - 1 != records || positions.len / 8 != n
-        || partitions.len / 2 != n) {
+    if (records < 0 || key_ends.len % 4 || value_ends.len % 4 || rows.len % 8
+        || value_ends.len / 4 - 1 != records || positions.len != 8 * n || partitions.len != 2 * n) {
         PyErr_SetString(PyExc_ValueError, "index_values: buffers of different lengths");
         goto done;
     }
@@ -135,8 +160,9 @@ static PyObject *index_values(PyObject *self, PyObject *args) {
         int64_t r = row[i];
         Py_ssize_t value_size = vend[r + 1] - vend[r];
         int inline_value = value_size <= inline_limit;
-        PyObject *key = PyBytes_FromStringAndSize(kdata + kend[r], kend[r + 1] - kend[r]);
-        PyObject *value = PyBytes_FromStringAndSize(NULL, 11 + (inline_value ? value_size : 0));
+        Py_ssize_t key_size = kend[r + 1] - kend[r];
+        PyObject *key = PyBytes_FromStringAndSize(kdata + kend[r], key_size);
+        PyObject *value = PyBytes_FromStringAndSize(NULL, HEAD_BYTES + (inline_value ? value_size : 0));
         PyObject *pair = (key && value) ? PyTuple_New(2) : NULL;
         if (pair == NULL) {
             Py_XDECREF(key);
@@ -147,15 +173,21 @@ static PyObject *index_values(PyObject *self, PyObject *args) {
         uint8_t *head = (uint8_t *)PyBytes_AS_STRING(value);
         uint16_t p = partition[i];
         uint64_t o = (uint64_t)offset[i];
-        head[0] = (uint8_t)(p >> 8);
-        head[1] = (uint8_t)p;
+        head[4] = (uint8_t)(p >> 8);
+        head[5] = (uint8_t)p;
         for (int b = 0; b < 8; b++) {
-            head[2 + b] = (uint8_t)(o >> (56 - 8 * b));
+            head[6 + b] = (uint8_t)(o >> (56 - 8 * b));
         }
-        head[10] = (uint8_t)(inline_value ? 1 : 0);
+        head[14] = (uint8_t)(inline_value ? FLAG_INLINE : 0);
         if (inline_value) {
-            memcpy(head + 11, vdata + vend[r], (size_t)value_size);
+            memcpy(head + HEAD_BYTES, vdata + vend[r], (size_t)value_size);
         }
+        uint32_t crc = crc32c_extend(crc32c_extend(0, kdata + kend[r], (size_t)key_size), head + 4,
+                                     (size_t)(HEAD_BYTES - 4 + (inline_value ? value_size : 0)));
+        head[0] = (uint8_t)(crc >> 24);
+        head[1] = (uint8_t)(crc >> 16);
+        head[2] = (uint8_t)(crc >> 8);
+        head[3] = (uint8_t)crc;
         PyTuple_SET_ITEM(pair, 0, key);
         PyTuple_SET_ITEM(pair, 1, value);
         PyList_SET_ITEM(list, i, pair);
@@ -343,5 +375,6 @@ PyMODINIT_FUNC PyInit__columns(void) {
         PyErr_SetString(PyExc_ImportError, "kvlog's column loops need a little-endian host");
         return NULL;
     }
+    crc32c_init();
     return PyModule_Create(&module);
 }

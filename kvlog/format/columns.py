@@ -22,16 +22,17 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from kvlog.format import _columns  # type: ignore[attr-defined]
+from kvlog.format import _columns
 
 __all__ = [
     "INDEX_HEAD_BYTES", "binary_column", "bool_column", "binary_ends", "index_pairs", "int64_column",
     "latest_rows", "valid_mask",
 ]
 
-#: Bytes before the inline value in an index value: partition (big-endian u16), offset
-#: (big-endian u64), flags (u8: 1 = the value follows inline).
-INDEX_HEAD_BYTES = 11
+#: Bytes before the inline value in an index value: CRC32C (big-endian u32, over the LMDB key
+#: then the rest of the value, so a damaged entry is never taken for a value), partition
+#: (big-endian u16), offset (big-endian u64), flags (u8: 1 = the value follows inline).
+INDEX_HEAD_BYTES = 15
 
 I64 = npt.NDArray[np.int64]
 
@@ -88,7 +89,7 @@ def binary_ends(array: pa.Array) -> tuple[npt.NDArray[np.int32], pa.Buffer]:
 
 def index_pairs(keys: pa.Array, values: pa.Array, rows: I64, partitions: npt.NDArray[np.uint16],
                 positions: I64, inline_limit: int) -> list[tuple[bytes, bytes]]:
-    """``(key, index value)`` for each row of ``rows``: the head (``partitions[i]``,
+    """``(key, index value)`` for each row of ``rows``: the head (its CRC32C, ``partitions[i]``,
     ``positions[i]``, flags) then the value when it is at most ``inline_limit`` bytes.
 
     ``keys`` and ``values`` are binary arrays of one length; rows must not be null values.

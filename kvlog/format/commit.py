@@ -15,7 +15,17 @@ A commit is one of three kinds:
     time when an input is no longer live.
 ``producer``
     registers a producer epoch (opening a store for writing bumps its epoch,
-    fencing an older holder).
+    fencing an older holder); accepted only if the epoch is newer than the
+    producer's current one.
+``gc``
+    condemns orphan data files (``remove`` lists their paths) before GC deletes
+    them: a later commit that adds a condemned file is refused, so a commit can
+    never make live a file that GC took, however slow its writer was.
+
+Every commit may name the id of the commit it follows (``prev``): a reader
+whose cache applied another commit at the version before knows that storage
+is not the history it cached (restored from an older copy) and never mixes
+the two.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ __all__ = [
     "file_from_json",
 ]
 
-COMMIT_KINDS = ("append", "replace", "producer")
+COMMIT_KINDS = ("append", "replace", "producer", "gc")
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,9 @@ class BatchEntry:
     """Encoded bitmap of present offsets relative to ``base_offset``; None means every offset."""
     tombstone_horizon_ms: int | None = None
     """Tombstones in this batch may be dropped by a cleaning round at or after this time."""
+    digest: int | None = None
+    """Content digest of an appended batch's keys and values, by which the producer rules tell
+    a resend of this batch from another batch with the same sequences."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,8 @@ class Commit:
     epoch: int | None = None
     info: dict[str, Any] = field(default_factory=dict)
     """Free-form details (compaction checkpoints, horizons); replayed as given."""
+    previous_id: str | None = None
+    """The id of the commit at ``version - 1`` when this one was written (None: not recorded)."""
 
 
 def _batch_to_json(b: BatchEntry) -> dict[str, Any]:
@@ -101,6 +116,8 @@ def _batch_to_json(b: BatchEntry) -> dict[str, Any]:
         out["present"] = b.present
     if b.tombstone_horizon_ms is not None:
         out["horizon"] = b.tombstone_horizon_ms
+    if b.digest is not None:
+        out["digest"] = b.digest
     return out
 
 
@@ -137,6 +154,7 @@ def _batch_from_json(name: str, obj: Any) -> BatchEntry:
         last_offset=_opt_int(name, obj, "last"),
         present=present,
         tombstone_horizon_ms=_opt_int(name, obj, "horizon"),
+        digest=_opt_int(name, obj, "digest"),
     )
 
 
@@ -173,6 +191,8 @@ def encode_commit(commit: Commit) -> bytes:
     }
     if commit.producer_id is not None:
         body.update(pid=commit.producer_id, epoch=commit.epoch)
+    if commit.previous_id is not None:
+        body["prev"] = commit.previous_id
     return encode_document("commit", body)
 
 
@@ -187,8 +207,12 @@ def decode_commit(name: str, data: bytes) -> Commit:
         raise CorruptDataError(name, "commit lacks add, remove or info")
     if not all(isinstance(r, str) for r in remove) or not isinstance(body.get("id"), str):
         raise CorruptDataError(name, "malformed commit")
+    previous = body.get("prev")
+    if previous is not None and not isinstance(previous, str):
+        raise CorruptDataError(name, "malformed commit")
     return Commit(
         version=_int(name, body, "version"), commit_id=body["id"], timestamp_ms=_int(name, body, "ts"),
         kind=kind, add=tuple(file_from_json(name, f) for f in add), remove=tuple(remove),
         producer_id=_opt_int(name, body, "pid"), epoch=_opt_int(name, body, "epoch"), info=info,
+        previous_id=previous,
     )

@@ -90,12 +90,21 @@ static void WriteBuffer_dealloc(WriteBuffer *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Remove the last item of the first `columns` columns (keys, values, stamps): a record taken back. */
+/* Remove the last item of the first `columns` columns (keys, values, stamps): a record taken
+ * back. Python code run meanwhile (a property, a lock) may have replaced or deleted a column:
+ * such a column is left alone, and the error being raised is kept. */
 static void drop_last_record(WriteBuffer *self, int columns) {
     PyObject *lists[3] = {self->keys, self->values, self->stamps};
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);
     for (int i = 0; i < columns; i++) {
-        PyList_SetSlice(lists[i], PyList_GET_SIZE(lists[i]) - 1, PY_SSIZE_T_MAX, NULL);
+        if (lists[i] != NULL && PyList_CheckExact(lists[i]) && PyList_GET_SIZE(lists[i]) > 0) {
+            if (PyList_SetSlice(lists[i], PyList_GET_SIZE(lists[i]) - 1, PY_SSIZE_T_MAX, NULL) < 0) {
+                PyErr_Clear();
+            }
+        }
     }
+    PyErr_Restore(type, exc, tb);
 }
 
 /* Append key, value and stamp to the columns, or leave them as they were. */
@@ -133,7 +142,11 @@ static PyObject *WriteBuffer_put(WriteBuffer *self, PyObject *const *args, Py_ss
         return NULL;
     }
     if (self->fatal != NULL && self->fatal != Py_None) {
-        PyErr_SetObject((PyObject *)Py_TYPE(self->fatal), self->fatal);
+        if (PyExceptionInstance_Check(self->fatal)) {
+            PyErr_SetObject((PyObject *)Py_TYPE(self->fatal), self->fatal);
+        } else {
+            PyErr_SetString(PyExc_RuntimeError, "the write buffer is failed");
+        }
         return NULL;
     }
     PyObject *stamp = PyObject_CallNoArgs(self->now_ns);

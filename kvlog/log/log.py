@@ -15,7 +15,8 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import replace
 from hashlib import sha256
 from pathlib import Path
 from typing import Any
@@ -30,17 +31,19 @@ from kvlog.errors import (
     ConfigError,
     CorruptDataError,
     InvalidRecordError,
+    KvlogError,
     OutOfOrderSequenceError,
     ProducerError,
     ProducerFencedError,
     ReadOnlyError,
+    StorageBehindError,
     StorageError,
     StoreClosedError,
     StoreNotFoundError,
 )
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import BatchEntry, Commit, FileEntry, decode_commit, encode_commit
-from kvlog.format.datafile import DataFileWriter, decode_batch, make_record_batch
+from kvlog.format.datafile import DataFileWriter, content_digest, decode_batch, make_record_batch
 from kvlog.format.envelope import decode_document, encode_document
 from kvlog.format.identity import IDENTITY_NAME, Identity, decode_identity, encode_identity
 from kvlog.log.naming import (
@@ -60,14 +63,17 @@ from kvlog.log.records import (
     partition_for_key,
     validate_records,
 )
-from kvlog.log.replay import ApplySettings, apply_commit, index_batch
-from kvlog.meta import LmdbEnv, MetaReader, MetaTxn, acquire_env, release_env
+from kvlog.log.replay import ApplySettings, FileCollected, apply_commit, apply_stray, index_batch
+from kvlog.meta import LmdbEnv, MetaReader, MetaTxn, acquire_env, release_env, reset_env
 from kvlog.progress import progress
 from kvlog.storage import Storage, is_local_uri, open_storage
 
-__all__ = ["Log", "Producer", "open_log", "PendingBatch"]
+__all__ = ["Log", "Producer", "open_log", "PendingBatch", "newest_checkpoint"]
 
 log = logging.getLogger("kvlog.log")
+
+#: How many times an append writes its data file again after GC collected it before its commit.
+_COLLECTED_RETRIES = 5
 
 _ERRORS: dict[str, type[ProducerError]] = {
     "ProducerFencedError": ProducerFencedError,
@@ -116,10 +122,14 @@ class Log:
             config.producer_id_expiration_ms, config.file_delete_delay_ms, config.inline_value_bytes,
             maintain_index, config.index_run_limit,
         )
+        self._metadata_only = replace(self._settings, maintain_index=False)
         self.maintain_index = maintain_index
         self.commits_written = 0
         self.commits_applied = 0
         self._index_stale = False
+        #: Merge the key index's runs when an apply leaves more than ``index_run_limit`` pending.
+        #: Off while opening, so that reopening after a crash never waits for a merge.
+        self.settle_on_apply = True
 
     # -- basic facts ------------------------------------------------------------------------------
     @property
@@ -165,6 +175,15 @@ class Log:
             return 0
         with self.index_guard:
             return int(self.env.write(lambda txn: MetaTxn(self.env, txn).settle_runs()))
+
+    @contextmanager
+    def settle_deferred(self) -> Iterator[None]:
+        """Within the block, applying commits never merges the key index's pending runs."""
+        previous, self.settle_on_apply = self.settle_on_apply, False
+        try:
+            yield
+        finally:
+            self.settle_on_apply = previous
 
     @property
     def version(self) -> int:
@@ -239,10 +258,10 @@ class Log:
                 commit = decode_commit(name, data)
                 if commit.version != version + 1:
                     raise CorruptDataError(name, f"holds version {commit.version}")
-                self._apply(commit)
+                self._apply(commit, crc32c(data))
                 version += 1
 
-    def _apply(self, commit: Commit) -> None:
+    def _apply(self, commit: Commit, crc: int) -> None:
         own = self._own.get(commit.commit_id, {})
 
         def source(file: FileEntry, index: int) -> pa.RecordBatch:
@@ -261,13 +280,22 @@ class Log:
             return decode_batch(file.path, data, loc)
 
         missing: list[str] = []
+        stray = self._is_stray(commit)
 
         def work(txn: Any) -> int | None:
             meta = MetaTxn(self.env, txn)
             if meta.version() != commit.version - 1:
                 return None
+            if stray:
+                apply_stray(meta, commit)
+                meta.set_applied_commit(commit.version, commit.commit_id, crc)
+                return meta.runs_pending()
             missing.clear()
-            apply_commit(meta, commit, source, self._settings)
+            # An index marked for rebuilding is not maintained meanwhile (the rebuild reads the
+            # live data at the newest version; files of older versions may be gone).
+            settings = self._settings if meta.get_meta("index_ready") != b"0" else self._metadata_only
+            apply_commit(meta, commit, source, settings)
+            meta.set_applied_commit(commit.version, commit.commit_id, crc)
             if missing:
                 meta.put_meta("index_ready", b"0")  # rebuilt at the next open if we stop here
             return meta.runs_pending()
@@ -278,8 +306,36 @@ class Log:
         if runs is not None:
             self.commits_applied += 1
             self._index_stale = self._index_stale or bool(missing)
-            if runs > limit > 0:
+            if runs > limit > 0 and self.settle_on_apply:
                 self.settle_index()
+
+    def _is_stray(self, commit: Commit) -> bool:
+        """Whether ``commit`` was written after a gap: it names another predecessor than the
+        commit at the version before, which storage holds as this cache applied it.
+
+        Every reader whose cache agrees with storage decides the same, so refusing it keeps
+        replay deterministic; a cache that applied another commit than storage holds is itself
+        out of date, and :class:`StorageBehindError` says so.
+        """
+        applied: tuple[int, str, int] | None = self.snapshot(lambda r: r.applied_commit())
+        if (commit.previous_id is None or applied is None or applied[0] != commit.version - 1
+                or applied[1] == commit.previous_id):
+            return False
+        name = commit_name(applied[0])
+        try:
+            holds = crc32c(self.storage.read(name)) == applied[2]
+        except FileNotFoundError:
+            holds = False
+        if holds:
+            log.warning("commit %s does not follow %s (written after a gap, when the root was "
+                        "restored): refused", commit_name(commit.version), name)
+            return True
+        raise StorageBehindError(
+            commit_name(commit.version),
+            f"follows commit {commit.previous_id}, but this cache applied commit {applied[1]} at "
+            f"version {applied[0]}, which the storage root no longer holds (restored from an older "
+            "copy?): reopen the store to rebuild its cache",
+        )
 
     def outcome(self, commit_id: str) -> dict[str, Any] | None:
         """What applying commit ``commit_id`` decided, if it was applied here recently."""
@@ -309,13 +365,22 @@ class Log:
                 done = self.outcome(commit.commit_id)
                 if done is not None:
                     return done
+                try:
+                    previous = self._verify_head(version - 1)
+                except StorageError as e:
+                    storage_errors += 1
+                    last_error = e
+                    continue
+                commit = replace(commit, previous_id=previous)
                 name = commit_name(version)
                 if own:
                     self._own[commit.commit_id] = own
+                created = False
                 try:
                     try:
                         self.storage.put_if_absent(name, encode_commit(commit))
                         self.commits_written += 1
+                        created = True
                     except FileExistsError:
                         pass  # another writer took this version; ours may have landed earlier
                     except StorageError as e:
@@ -323,11 +388,14 @@ class Log:
                             storage_errors += 1
                             last_error = e
                             continue
+                        created = True  # it landed, its answer was lost
                     self.refresh()
                 finally:
                     self._own.pop(commit.commit_id, None)
                 done = self.outcome(commit.commit_id)
                 if done is not None:
+                    if created:
+                        self._verify_follows(commit, version - 1)
                     self._maybe_checkpoint()
                     return done
             if last_error is not None and storage_errors == self.config.commit_retries:
@@ -335,6 +403,74 @@ class Log:
             raise CommitConflictError(
                 f"{self.config.commit_retries} attempts lost the race for the next commit version"
             )
+
+    def _verify_head(self, version: int) -> str | None:
+        """Before writing commit ``version + 1``: check that commit ``version``, the newest this
+        cache applied, is still in storage as applied, and return its id.
+
+        Commit names are taken with put-if-absent, which cannot tell a free name from one whose
+        commit vanished: a root restored from an older copy, or commits collected after a
+        checkpoint while this cache slept. Writing on would put an acknowledged commit after a
+        gap that no fresh reader ever crosses. A cache that merely fell behind the retention
+        window catches up from the newest checkpoint; otherwise :class:`StorageBehindError`.
+        """
+        if version == 0:
+            return None
+        applied: tuple[int, str, int] | None = self.snapshot(lambda r: r.applied_commit())
+        name = commit_name(version)
+        try:
+            data = self.storage.read(name)
+        except FileNotFoundError:
+            if newest_checkpoint(self.storage) > version:
+                # Reloading the cache in place would empty the key index under concurrent reads.
+                raise StorageBehindError(
+                    name, "this cache fell behind the commit retention window (commits it has not "
+                    "applied were collected after a checkpoint); nothing was written: reopen the "
+                    "store to catch up from the checkpoint",
+                ) from None
+            raise StorageBehindError(
+                name, "the newest commit this cache applied is missing from storage (restored from an "
+                "older copy, or damaged); nothing was written: reopen the store to rebuild its cache "
+                "from storage",
+            ) from None
+        if applied is None or applied[0] != version:
+            return decode_commit(name, data).commit_id
+        if crc32c(data) != applied[2]:
+            raise StorageBehindError(
+                name, "differs from the commit this cache applied at that version (restored from an "
+                "older copy, or damaged); nothing was written: reopen the store to rebuild its cache",
+            )
+        return applied[1]
+
+    def _verify_follows(self, commit: Commit, previous: int) -> None:
+        """After ``commit`` landed: check that the commit it follows is still in storage, so it
+        is not acknowledged after a gap (a root restored while it was on its way).
+
+        Otherwise the commit, which no fresh reader can reach, is taken back (deleted: only its
+        writer does that, and only a cache of the lost history could have applied it) and
+        :class:`StorageBehindError` is raised; nothing is acknowledged.
+        """
+        if previous == 0 or commit.previous_id is None:
+            return
+        name = commit_name(previous)
+        try:
+            follows = decode_commit(name, self.storage.read(name)).commit_id == commit.previous_id
+        except FileNotFoundError:
+            # Commit GC removes only commits below the newest checkpoint: if one covers this
+            # commit, its predecessor was collected, not lost, and the commit is history.
+            follows = newest_checkpoint(self.storage) >= commit.version
+        if follows:
+            return
+        own = commit_name(commit.version)
+        try:
+            if decode_commit(own, self.storage.read(own)).commit_id == commit.commit_id:
+                self.storage.delete(own)
+        except (FileNotFoundError, KvlogError) as e:
+            log.warning("could not take back commit %s written after a gap: %s", own, e)
+        raise StorageBehindError(
+            name, f"is no longer the commit {own} follows (the storage root was restored while the "
+            "commit was on its way); nothing was acknowledged: reopen the store to rebuild its cache",
+        )
 
     def _pause(self, seconds: float) -> None:
         """Wait ``seconds`` (an event wait, so no module reads the clock to sleep)."""
@@ -384,7 +520,7 @@ class Log:
         return entry, data
 
     def _known_duplicates(
-        self, producer_id: int, epoch: int, batches: Sequence[PendingBatch]
+        self, producer_id: int, epoch: int, batches: Sequence[PendingBatch], digests: Sequence[int]
     ) -> list[AppendResult] | None:
         """The original offsets if every batch repeats one the log already holds, else None.
 
@@ -403,10 +539,10 @@ class Log:
                 return None
             now = max(self.clock.now_ms(), last_ms)
             results = []
-            for b in batches:
+            for b, digest in zip(batches, digests, strict=True):
                 try:
                     decision = check_batch(state, b.partition, epoch, b.base_sequence, b.records.num_rows,
-                                           now, self.config.producer_id_expiration_ms)
+                                           now, self.config.producer_id_expiration_ms, digest)
                 except ProducerError:
                     return None
                 if decision.duplicate_of is None:
@@ -421,31 +557,30 @@ class Log:
         """Append batches of one producer in one data file and one commit, all or nothing; durable on return."""
         if not batches:
             return []
-        known = self._known_duplicates(producer_id, epoch, batches)
+        digests = [content_digest(b.records) for b in batches]
+        known = self._known_duplicates(producer_id, epoch, batches, digests)
         if known is not None:
-            return known  # DESIGN §5: a duplicate returns the original offsets and writes nothing
+            return known  # a duplicate returns the original offsets and writes nothing
         fields = [
-            (b.partition, b.records, {"producer_id": producer_id, "epoch": epoch, "base_sequence": b.base_sequence})
-            for b in batches
+            (b.partition, b.records, {"producer_id": producer_id, "epoch": epoch,
+                                      "base_sequence": b.base_sequence, "digest": digest})
+            for b, digest in zip(batches, digests, strict=True)
         ]
-        entry, data = self.write_data_file(0, fields)
-        written_ms = self.clock.now_ms()
-        commit_id = self.new_id()
         # The file's batch order is by partition; map each input batch to its position in the file.
         order = sorted(range(len(batches)), key=lambda i: batches[i].partition)
         position = {i: pos for pos, i in enumerate(order)}
-        own = {(entry.file_id, position[i]): batches[i].records for i in range(len(batches))}
-
-        def build(version: int) -> Commit:
-            nonlocal written_ms
-            now = self.clock.now_ms()
-            if now - written_ms > self.config.file_delete_delay_ms // 2:
-                # Long retries: refresh the file so orphan GC never takes it before the commit lands.
-                self.storage.put(entry.path, data)
-                written_ms = now
-            return Commit(version, commit_id, now, "append", add=(entry,))
-
-        outcome = self.commit(build, own)
+        for _attempt in range(_COLLECTED_RETRIES):
+            outcome = self._append_file(fields, batches, position)
+            if outcome["error"] is None or outcome["error"][0] != FileCollected.__name__:
+                break
+            # GC condemned the file while the commit was on its way (a writer slower than
+            # file_delete_delay_ms): nothing of it became live; write it again under a new name.
+            log.warning("an append's data file was collected before its commit; writing it again")
+        else:
+            raise StorageError(
+                f"garbage collection took this append's data file {_COLLECTED_RETRIES} times before "
+                "its commit landed; nothing was written (raise file_delete_delay_ms)"
+            )
         if outcome["error"] is not None:
             kind, message = outcome["error"]
             raise _ERRORS.get(kind, ProducerError)(message)
@@ -456,6 +591,28 @@ class Log:
             results.append(AppendResult(int(r[3]), int(r[4]), r[2] == "duplicate"))
         return results
 
+    def _append_file(
+        self, fields: list[tuple[int, pa.RecordBatch, dict[str, Any]]], batches: Sequence[PendingBatch],
+        position: dict[int, int],
+    ) -> dict[str, Any]:
+        """Write one data file of ``fields`` and commit it; the commit's outcome."""
+        entry, data = self.write_data_file(0, fields)
+        written_ms = self.clock.now_ms()
+        commit_id = self.new_id()
+        own = {(entry.file_id, position[i]): batches[i].records for i in range(len(batches))}
+
+        def build(version: int) -> Commit:
+            nonlocal written_ms
+            now = self.clock.now_ms()
+            if now - written_ms > self.config.file_delete_delay_ms // 2:
+                # Long retries: refresh the file so orphan GC is unlikely to condemn it meanwhile
+                # (if it does, the commit is refused and the caller writes a new file).
+                self.storage.put(entry.path, data)
+                written_ms = now
+            return Commit(version, commit_id, now, "append", add=(entry,))
+
+        return self.commit(build, own)
+
     def producer(self, producer_id: int | None = None, *, epoch: int | None = None) -> Producer:
         """A producer handle (see API.md): a new id, a bumped epoch (fencing), or a resumed one."""
         self._check_open()
@@ -465,23 +622,35 @@ class Log:
             return Producer(self, int.from_bytes(self.ids.token(8), "big") >> 1, 0 if epoch is None else epoch)
         if not isinstance(producer_id, int) or isinstance(producer_id, bool) or not 0 <= producer_id < 2**63:
             raise InvalidRecordError(f"producer_id must be an integer in [0, 2^63), not {producer_id!r}")
-        self.refresh()
-        state = self.snapshot(lambda r: r.get_producer(producer_id))
-        now = self.clock.now_ms()
-        current = None
-        if state is not None and not state.expired(now, self.config.producer_id_expiration_ms):
-            current = state.epoch
-        if epoch is None:
-            # Bump past the newest epoch still remembered, even an expired one, so an old holder
-            # that wakes up can never fence the new one.
-            new_epoch = 0 if state is None else state.epoch + 1
-        elif current is not None and epoch < current:
-            raise ProducerFencedError(f"producer {producer_id} epoch {epoch} is older than {current}")
-        else:
-            new_epoch = epoch
-        if current is None or new_epoch != current:
-            self.register_producer(producer_id, new_epoch)
-        return Producer(self, producer_id, new_epoch)
+        if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0):
+            raise InvalidRecordError(f"epoch must be an integer >= 0, not {epoch!r}")
+        for _attempt in range(self.config.commit_retries):
+            self.refresh()
+            state = self.snapshot(lambda r: r.get_producer(producer_id))
+            now = max(self.clock.now_ms(), self.snapshot(lambda r: r.last_commit_ms()))
+            current = None
+            if state is not None and not state.expired(now, self.config.producer_id_expiration_ms):
+                current = state.epoch
+            if epoch is None:
+                # Bump past the newest epoch still remembered, even an expired one, so an old holder
+                # that wakes up can never fence the new one.
+                new_epoch = 0 if state is None else state.epoch + 1
+            elif current is not None and epoch < current:
+                raise ProducerFencedError(f"producer {producer_id} epoch {epoch} is older than {current}")
+            else:
+                new_epoch = epoch
+            if current is not None and new_epoch == current:
+                return Producer(self, producer_id, new_epoch)  # resumed: the same holder restarted
+            try:
+                self.register_producer(producer_id, new_epoch)
+            except ProducerFencedError:
+                # Another opener took this epoch first (the registration is conditional, so
+                # exactly one wins it): read the new state and try again.
+                continue
+            return Producer(self, producer_id, new_epoch)
+        raise ProducerFencedError(
+            f"producer {producer_id}: {self.config.commit_retries} attempts to take an epoch lost to other openers"
+        )
 
     def register_producer(self, producer_id: int, epoch: int) -> None:
         """Commit ``epoch`` as the producer's current epoch, fencing older holders."""
@@ -498,12 +667,20 @@ class Log:
         last = self.snapshot(lambda r: r.get_meta("checkpoint_version"))
         last_version = int(last) if last else 0
         if self.version - last_version >= self.config.checkpoint_interval:
-            self.write_checkpoint()
+            try:
+                self.write_checkpoint()
+            except KvlogError as e:
+                # The commit that triggered it is durable and applied: a checkpoint only saves
+                # later openers replay time, and the next commit tries again.
+                log.warning("could not write a checkpoint (the next commit retries): %s", e)
 
     def write_checkpoint(self) -> int:
         """Write the full metadata at the applied version as ``log/<version>.checkpoint.json``."""
         body = self.snapshot(_checkpoint_body)
         version = int(body["version"])
+        # A checkpoint describes this cache's history: write it only while storage still holds
+        # that history (a checkpoint of a history a restore removed would mislead every opener).
+        body["commit_id"] = self._verify_head(version)
         try:
             self.storage.put_if_absent(checkpoint_name(version), encode_document("checkpoint", body))
         except FileExistsError:
@@ -518,17 +695,32 @@ class Log:
         return version
 
     def load_checkpoint(self, version: int) -> None:
-        """Replace the metadata cache with checkpoint ``version`` and rebuild the key index from data."""
+        """Replace the metadata cache with checkpoint ``version``, replay the commits after it,
+        then rebuild the key index from the live data.
+
+        The index is rebuilt at the newest version, never at the checkpoint's: files live at
+        an old checkpoint may have been replaced and deleted since.
+        """
         name = checkpoint_name(version)
         body = decode_document(name, self.storage.read(name), "checkpoint")
+        head = _checkpoint_commit(self.storage, version, body)
+        if head is None:
+            raise CorruptDataError(name, f"its commit {commit_name(version)} is missing or another "
+                                   "commit: a checkpoint of a history the root no longer holds")
 
         def load(txn: Any) -> None:
             meta = MetaTxn(self.env, txn)
+            kept = {key: meta.get_meta(key) for key in ("uuid", "store_producer_id")}
             meta.clear()
+            for key, value in kept.items():
+                if value is not None:
+                    meta.put_meta(key, value)
             _load_checkpoint_body(meta, name, body)
+            meta.set_applied_commit(version, head[0], head[1])  # later commits' ``prev`` is checked
             meta.put_meta("index_ready", b"0")
 
         self.env.write(load)
+        self.refresh()  # indexes nothing while the index is marked not ready
         if self.maintain_index:
             self.rebuild_index()
 
@@ -559,15 +751,23 @@ class Log:
         """Delete replaced files past their delay, orphan data files, and commits behind the newest checkpoint.
 
         A replaced input goes once ``file_delete_delay_ms`` has passed since its replace commit.
-        An orphan (a file no commit made live) goes once it is older than the delay both by the
-        clock and relative to the newest commit's storage time. Commits older than the newest
-        checkpoint by more than ``commit_retention_ms`` (storage time) go too.
+        An orphan (a file no commit made live) is a candidate once it is older than the delay
+        both by the clock and relative to the newest commit's storage time; candidates are first
+        condemned by a ``gc`` commit and only then deleted. A commit that adds a condemned file
+        is refused when applied, so whichever lands first wins: the file becomes live and GC
+        keeps it, or GC takes it and its writer learns that its commit was refused (and writes
+        the file again, or discards the job). No commit ever makes live a file GC deleted,
+        however long its writer was stalled. Commits older than the newest checkpoint by more
+        than ``commit_retention_ms`` (storage time) go too.
         """
         self._check_open()
         if self.read_only:
             raise ReadOnlyError("the store is open read-only")
         now = self.clock.now_ms() if now_ms is None else now_ms
         self.refresh()
+        # Deleting trusts this cache's view of what is live and what was replaced: a cache ahead
+        # of a restored root would delete files the restored history needs.
+        self._verify_head(self.version)
         deleted = {"replaced": 0, "orphans": 0, "commits": 0}
         pending = dict(self.snapshot(lambda r: list(r.iter_pending())))
         live_paths = set(self.snapshot(lambda r: [e["path"] for _fid, e in r.iter_files()]))
@@ -580,20 +780,26 @@ class Log:
 
                 self.env.write(forget)
                 deleted["replaced"] += 1
-        # Orphans are judged by storage time, never by this process's clock alone: a file is
-        # deleted only when it is older than the delay both by our clock and relative to the
-        # newest commit, so a skewed clock cannot take a file whose commit is still on its way.
+        # Orphans are judged by storage time, never by this process's clock alone: a file is a
+        # candidate only when it is older than the delay both by our clock and relative to the
+        # newest commit (the condemnation commit below is what makes deleting it safe).
         try:
             newest_commit_ms = self.storage.stat(commit_name(self.version)).mtime_ms if self.version else 0
         except FileNotFoundError:
             newest_commit_ms = 0
         horizon = min(now, newest_commit_ms) - self.config.file_delete_delay_ms
+        condemned = set(self.snapshot(lambda r: [path for path, _at in r.iter_condemned()]))
+        candidates = []
         for info in self.storage.list(DATA_PREFIX):
-            if info.name in live_paths or info.name in pending:
+            if info.name in live_paths or info.name in pending or info.mtime_ms > horizon:
                 continue
-            if info.mtime_ms <= horizon:
-                self.storage.delete(info.name)
+            if info.name in condemned:
+                self.storage.delete(info.name)  # condemned earlier; its deletion did not finish
                 deleted["orphans"] += 1
+            else:
+                candidates.append(info.name)
+        if candidates:
+            deleted["orphans"] += self._collect_orphans(sorted(candidates))
         entries = [(parse_log_name(i.name), i) for i in self.storage.list(LOG_PREFIX)]
         checkpoints = [v for parsed, _i in entries if parsed and parsed[1] == "checkpoint" for v in [parsed[0]]]
         if checkpoints:
@@ -605,6 +811,21 @@ class Log:
                     self.storage.delete(info.name)
                     deleted["commits"] += 1
         return deleted
+
+    def _collect_orphans(self, paths: list[str]) -> int:
+        """Condemn ``paths`` with a ``gc`` commit, then delete the ones it condemned."""
+        commit_id = self.new_id()
+
+        def build(version: int) -> Commit:
+            # Condemned paths are remembered for good (a few dozen bytes each, for files only a
+            # crash leaves behind): a commit adding one is refused however late it comes.
+            return Commit(version, commit_id, self.clock.now_ms(), "gc", remove=tuple(paths))
+
+        outcome = self.commit(build)
+        doomed = [path for path, verdict in outcome["results"] if verdict == "condemned"]
+        for path in doomed:
+            self.storage.delete(path)
+        return len(doomed)
 
     def close(self) -> None:
         """Release the metadata cache and the storage."""
@@ -674,6 +895,7 @@ def _checkpoint_body(r: MetaReader) -> dict[str, Any]:
         "parts": parts,
         "producers": [producer_to_json(s) for s in r.iter_producers()],
         "pending": dict(r.iter_pending()),
+        "condemned": dict(r.iter_condemned()),
         "cleaner": cleaner,
     }
 
@@ -692,6 +914,8 @@ def _load_checkpoint_body(meta: MetaTxn, name: str, body: dict[str, Any]) -> Non
             meta.put_producer(producer_from_json(obj))
         for path, due in body["pending"].items():
             meta.put_pending(path, int(due))
+        for path, at in body.get("condemned", {}).items():
+            meta.put_condemned(path, int(at))
         meta.set_version(int(body["version"]))
         meta.set_last_commit_ms(int(body["last_commit_ms"]))
         meta.put_meta("checkpoint_version", str(int(body["version"])).encode())
@@ -745,6 +969,8 @@ def open_log(
         if cfg.partitions != identity.partitions:
             cfg = StoreConfig.from_settings(cfg, partitions=identity.partitions)
         cache = Path(cache_dir) if cache_dir else default_cache_dir(storage)
+        if cache.exists() and not cache.is_dir():
+            raise ConfigError(f"cache_dir {os.fspath(cache)!r} is a file, not a directory")
         env = acquire_env(cache)
     except BaseException:
         if owns:
@@ -752,7 +978,15 @@ def open_log(
         raise
     the_log = Log(storage, identity, env, cfg, clock, ids, read_only, owns, maintain_index)
     try:
-        _catch_up(the_log)
+        try:
+            _catch_up(the_log)
+        except CorruptDataError as e:
+            # The cache is derived data: damaged, it is deleted and rebuilt from storage, unless
+            # another user (in this process or another) still has it open.
+            if e.name != env.name or not reset_env(env):
+                raise
+            log.warning("metadata cache at %s was damaged (%s): rebuilt from storage", env.path, e.reason)
+            _catch_up(the_log)
     except BaseException:
         the_log.close()
         raise
@@ -802,21 +1036,108 @@ def _catch_up(the_log: Log) -> None:
 
     if the_log.env.write(check_uuid):
         log.info("metadata cache at %s rebuilt for store %s", the_log.env.path, the_log.identity.store_uuid)
+    if not _cache_matches_storage(the_log):
+        log.warning("metadata cache at %s is ahead of or apart from the storage root %s (restored from "
+                    "an older copy?): rebuilding it from storage", the_log.env.path, the_log.storage.uri)
+
+        def reset(txn: Any) -> None:
+            meta = MetaTxn(the_log.env, txn)
+            producer_id = meta.get_meta("store_producer_id")
+            meta.clear()
+            meta.put_meta("uuid", uuid)
+            meta.put_meta("index_ready", b"1")
+            if producer_id is not None:
+                meta.put_meta("store_producer_id", producer_id)
+
+        the_log.env.write(reset)
     if not the_log.maintain_index:
         the_log.env.write(lambda txn: MetaTxn(the_log.env, txn).put_meta("index_ready", b"0"))
     version = the_log.version
-    newest_checkpoint = 0
-    for info in the_log.storage.list(LOG_PREFIX):
-        parsed = parse_log_name(info.name)
-        if parsed and parsed[1] == "checkpoint":
-            newest_checkpoint = max(newest_checkpoint, parsed[0])
+    newest = newest_checkpoint(the_log.storage)
     # A fresh cache starts from the newest checkpoint; so does one whose next commit was
     # already deleted by commit GC (it fell behind the retention window).
-    if newest_checkpoint > version and (
-        version == 0 or not the_log.storage.exists(commit_name(version + 1))
-    ):
-        the_log.load_checkpoint(newest_checkpoint)
-    elif the_log.maintain_index and the_log.snapshot(lambda r: r.get_meta("index_ready")) == b"0":
-        the_log.rebuild_index()
-    the_log.refresh()
+    # Replaying what a killed writer left applies its commits' index runs without merging them:
+    # reads search pending runs, and the writer's quiet spells merge them later, so reopening
+    # never waits for a merge, whatever was pending.
+    with the_log.settle_deferred():
+        loaded = False
+        for attempt in range(3):
+            if not (newest > version and (
+                version == 0 or not the_log.storage.exists(commit_name(version + 1))
+            )):
+                break
+            try:
+                the_log.load_checkpoint(newest)
+                loaded = True
+                break
+            except FileNotFoundError:
+                # Collected between the listing and the read (a newer one was written): list again.
+                if attempt == 2:
+                    raise StorageError(f"checkpoints of {the_log.storage.uri} keep vanishing while "
+                                       "being read; try again") from None
+                newest = newest_checkpoint(the_log.storage)
+            except StorageBehindError:
+                raise
+            except CorruptDataError as e:
+                # A damaged checkpoint only costs replay time while the commits it sums up remain.
+                if not the_log.storage.exists(commit_name(version + 1)):
+                    raise
+                log.warning("checkpoint %d unusable (%s): replaying the commits instead", newest, e)
+                break
+        if not loaded:
+            # Replay first, then rebuild an index marked for it: at the newest version, whose
+            # live files exist (an older version's may have been compacted away and deleted).
+            the_log.refresh()
+            if the_log.maintain_index and the_log.snapshot(lambda r: r.get_meta("index_ready")) == b"0":
+                the_log.rebuild_index()
+
+
+def newest_checkpoint(storage: Storage) -> int:
+    """The version of the newest checkpoint in ``storage`` whose commit is present (0: none).
+
+    A checkpoint is written after its commit, and commit GC keeps the newest checkpoint's
+    commit, so a checkpoint without its commit describes a history the root no longer holds
+    (written by a cache that was ahead of a restored root): it is passed over.
+    """
+    names = {info.name for info in storage.list(LOG_PREFIX)}
+    versions = sorted((parsed[0] for parsed in map(parse_log_name, names)
+                       if parsed and parsed[1] == "checkpoint"), reverse=True)
+    for version in versions:
+        if commit_name(version) in names:
+            return version
+    return 0
+
+
+def _checkpoint_commit(storage: Storage, version: int, body: dict[str, Any]) -> tuple[str, int] | None:
+    """``(id, CRC32C)`` of the commit storage holds at ``version``, if checkpoint ``version``
+    describes it (None: that commit is missing or another one)."""
+    name = commit_name(version)
+    try:
+        data = storage.read(name)
+    except FileNotFoundError:
+        return None
+    commit_id = decode_commit(name, data).commit_id
+    recorded = body.get("commit_id")
+    if recorded is not None and recorded != commit_id:  # older checkpoints do not name it
+        return None
+    return commit_id, crc32c(data)
+
+
+def _cache_matches_storage(the_log: Log) -> bool:
+    """Whether the newest commit the cache applied is in storage as it was applied.
+
+    A cache that fell behind commit GC is fine (it catches up from a checkpoint). One whose
+    commit is missing with no newer checkpoint, or whose commit differs, belongs to a history
+    the storage root no longer holds.
+    """
+    applied: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_commit())
+    if applied is None:
+        return True
+    version, _commit_id, crc = applied
+    name = commit_name(version)
+    try:
+        data = the_log.storage.read(name)
+    except FileNotFoundError:
+        return newest_checkpoint(the_log.storage) > version
+    return crc32c(data) == crc
 

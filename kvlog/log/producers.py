@@ -10,10 +10,18 @@ same decisions:
 * an unknown or expired producer (on this partition) → accepted at any sequence;
 * a newer epoch → must start at sequence 0, and replaces the partition's state;
 * the same epoch and exactly the (first, last) sequence of one of the last
-  5 batches → a duplicate: the original offsets, nothing written;
+  5 batches, with the same content digest → a duplicate: the original offsets,
+  nothing written; the same sequences with another content →
+  :class:`~kvlog.errors.ProducerFencedError` (two holders share the epoch, so
+  this one must stop: a resend that is not the same batch is never taken for one);
 * the same epoch, first sequence = last sequence + 1 (mod 2^31) → accepted;
 * anything else (a gap, a partial overlap, a duplicate older than the window)
   → :class:`~kvlog.errors.OutOfOrderSequenceError`.
+
+Registering an epoch is a conditional step of its own (Kafka's InitProducerId):
+a ``producer`` commit is accepted only if its epoch is newer than the
+producer's current one, so when several processes open the same producer at
+the same instant exactly one of them gets each epoch.
 
 Unlike Kafka, the whole window lives in the metadata, so compaction cannot
 shrink it and it survives restarts.
@@ -59,6 +67,9 @@ class BatchMeta:
     first_offset: int
     last_offset: int
     timestamp_ms: int
+    digest: int | None = None
+    """The batch's content digest (:func:`kvlog.format.datafile.content_digest`); None when
+    the commit that added it carried none."""
 
 
 @dataclass
@@ -100,8 +111,12 @@ def check_batch(
     count: int,
     now_ms: int,
     expiration_ms: int,
+    digest: int | None = None,
 ) -> Decision:
-    """Decide a batch under the rules above; raises a :class:`ProducerError` subclass when refused."""
+    """Decide a batch under the rules above; raises a :class:`ProducerError` subclass when refused.
+
+    ``digest`` is the batch's content digest: a batch repeating a remembered one's sequences is
+    its duplicate only if the digests agree (or either is unknown)."""
     if count < 1:
         raise ProducerError("a batch holds at least one record")
     if not 0 <= first_sequence < SEQUENCE_MODULUS:
@@ -134,6 +149,12 @@ def check_batch(
     last = last_sequence(first_sequence, count)
     for meta in part.batches:
         if meta.first_sequence == first_sequence and meta.last_sequence == last:
+            if digest is not None and meta.digest is not None and digest != meta.digest:
+                raise ProducerFencedError(
+                    f"producer {state.producer_id} epoch {epoch} partition {partition}: sequences "
+                    f"{first_sequence}..{last} already hold another batch; another process writes "
+                    "with the same producer id and epoch"
+                )
             return Decision(accept=False, duplicate_of=meta)
     expected = (part.batches[-1].last_sequence + 1) % SEQUENCE_MODULUS if part.batches else 0
     if first_sequence != expected:
@@ -171,12 +192,15 @@ def accept_batch(
 def register_epoch(
     state: ProducerState | None, producer_id: int, epoch: int, now_ms: int, expiration_ms: int
 ) -> ProducerState:
-    """The state after a producer registered ``epoch``; an older epoch is fenced."""
+    """The state after a producer registered ``epoch``.
+
+    Only a newer epoch than the current one is taken: an equal or older one is fenced, so two
+    openers that both computed ``epoch`` from the same state never both hold it."""
     if state is None or state.expired(now_ms, expiration_ms):
         return ProducerState(producer_id, epoch, now_ms)
-    if epoch < state.epoch:
+    if epoch <= state.epoch:
         raise ProducerFencedError(
-            f"producer {producer_id} epoch {epoch} is older than the current epoch {state.epoch}"
+            f"producer {producer_id} epoch {epoch} is not newer than the current epoch {state.epoch}"
         )
     state.epoch = epoch
     state.last_ms = max(state.last_ms, now_ms)
@@ -195,6 +219,7 @@ def producer_to_json(state: ProducerState) -> dict[str, Any]:
                 "last_ms": s.last_ms,
                 "batches": [
                     [b.first_sequence, b.last_sequence, b.first_offset, b.last_offset, b.timestamp_ms]
+                    + ([] if b.digest is None else [b.digest])
                     for b in s.batches
                 ],
             }
@@ -211,8 +236,15 @@ def producer_from_json(obj: dict[str, Any]) -> ProducerState:
         last_ms=int(obj["last_ms"]),
         partitions={
             int(p): PartitionProducerState(
-                int(s["epoch"]), int(s["last_ms"]), [BatchMeta(*map(int, b)) for b in s["batches"]]
+                int(s["epoch"]), int(s["last_ms"]), [_batch_meta(b) for b in s["batches"]]
             )
             for p, s in obj["parts"].items()
         },
     )
+
+
+def _batch_meta(fields: list[Any]) -> BatchMeta:
+    """A window entry of :func:`producer_to_json` (five integers, and the digest when known)."""
+    first, last, first_offset, last_offset, stamp = (int(x) for x in fields[:5])
+    digest = int(fields[5]) if len(fields) > 5 else None
+    return BatchMeta(first, last, first_offset, last_offset, stamp, digest)

@@ -54,12 +54,28 @@ def partition_for_key(key: bytes, partitions: int) -> int:
     return xxhash.xxh3_64_intdigest(key) % partitions
 
 
+def _utf8(text: str, what: str) -> bytes:
+    """``text`` as UTF-8; a str with a lone surrogate has no UTF-8 form, so it is ``InvalidRecordError``.
+
+    Such a str is not Unicode text (it comes from ``surrogateescape`` decoding, or from
+    slicing a pair apart): refusing it keeps a bad key out of the batch with the one error
+    every bad record gets, instead of a ``UnicodeEncodeError`` halfway through a write.
+    """
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRecordError(
+            f"a str {what} must encode as UTF-8: {e.reason} at index {e.start} "
+            f"({text[e.start:e.end]!r}); give bytes for binary data"
+        ) from None
+
+
 def to_key(key: Any, max_key_bytes: int) -> bytes:
-    """``key`` as bytes, or ``InvalidRecordError``: not None, bytes-like or str, not empty, not too long."""
+    """``key`` as bytes, or ``InvalidRecordError``: not None, bytes-like or str (valid UTF-8), not empty, not too long."""
     if isinstance(key, bytes):
         out = key
     elif isinstance(key, str):
-        out = key.encode("utf-8")
+        out = _utf8(key, "key")
     elif isinstance(key, bytearray | memoryview):
         out = bytes(key)
     elif key is None:
@@ -74,11 +90,11 @@ def to_key(key: Any, max_key_bytes: int) -> bytes:
 
 
 def to_value(value: Any) -> bytes:
-    """``value`` as bytes, or ``InvalidRecordError`` (None is not a value: use delete)."""
+    """``value`` as bytes, or ``InvalidRecordError``: bytes-like or str (valid UTF-8); None is not a value (use delete)."""
     if isinstance(value, bytes):
         return value
     if isinstance(value, str):
-        return value.encode("utf-8")
+        return _utf8(value, "value")
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     if value is None:

@@ -13,7 +13,13 @@ Invariants checked before anything changes (SlateDB-style, named):
 * ``replace-ranges-disjoint``: a replace's output batches of a partition do not
   overlap the partition's other live batches;
 * ``producer-rules``: see :mod:`kvlog.log.producers`; any refused batch refuses
-  the whole append commit (a write batch is all or nothing).
+  the whole append commit (a write batch is all or nothing);
+* ``files-not-collected``: a commit that adds a data file a ``gc`` commit
+  condemned is refused whole (its writer writes the file again, or discards the
+  job), so no commit ever makes live a file that GC deleted;
+* ``follows-its-predecessor``: a commit naming another ``prev`` than the id of
+  the commit before it was written after a gap and is refused whole
+  (:func:`apply_stray`; the caller tells it from a cache that is itself behind).
 """
 
 from __future__ import annotations
@@ -37,7 +43,10 @@ from kvlog.log.producers import (
 )
 from kvlog.meta.cache import MetaTxn
 
-__all__ = ["ApplySettings", "apply_commit", "resolved_batch", "index_batch", "index_batches"]
+__all__ = [
+    "ApplySettings", "FileCollected", "apply_commit", "apply_stray", "resolved_batch", "index_batch",
+    "index_batches",
+]
 
 #: Supplies the records of an appended batch: (file entry, batch index) -> record batch.
 BatchSource = Callable[[FileEntry, int], pa.RecordBatch]
@@ -114,9 +123,13 @@ def apply_commit(
     now = max(txn.last_commit_ms(), commit.timestamp_ms)
     try:
         if commit.kind == "append":
+            _check_not_collected(txn, commit)
             results = _apply_append(txn, commit, source, settings, now)
         elif commit.kind == "replace":
+            _check_not_collected(txn, commit)
             results = _apply_replace(txn, commit, settings, now)
+        elif commit.kind == "gc":
+            results = _apply_gc(txn, commit, now)
         else:
             _apply_producer(txn, commit, settings, now)
             results = []
@@ -134,6 +147,47 @@ def apply_commit(
 
 class _Refused(KvlogError):
     """A replace whose inputs are gone, or that breaks an invariant."""
+
+
+class FileCollected(_Refused):
+    """A commit adds a data file that a ``gc`` commit condemned (GC may have deleted it)."""
+
+
+def _check_not_collected(txn: MetaTxn, commit: Commit) -> None:
+    for file in commit.add:
+        if txn.is_condemned(file.path):
+            raise FileCollected(
+                f"files-not-collected: {file.path} was collected as an orphan before this commit"
+            )
+
+
+def _apply_gc(txn: MetaTxn, commit: Commit, now: int) -> list[list[Any]]:
+    """Condemn the orphans a ``gc`` commit names; a file that is live or pending is left alone."""
+    live_paths = {entry["path"] for _fid, entry in txn.iter_files()}
+    pending = {path for path, _due in txn.iter_pending()}
+    results: list[list[Any]] = []
+    for path in commit.remove:
+        if path in live_paths or path in pending:
+            results.append([path, "kept"])
+            continue
+        txn.put_condemned(path, now)
+        results.append([path, "condemned"])
+    return results
+
+
+def apply_stray(txn: MetaTxn, commit: Commit) -> dict[str, Any]:
+    """Apply ``commit`` as refused: it names another predecessor (``prev``) than the commit at
+    the version before, so it was written after a gap, by a writer whose cache was ahead of a
+    restored root; it changes nothing but takes its version, as for every reader of this log."""
+    now = max(txn.last_commit_ms(), commit.timestamp_ms)
+    outcome: dict[str, Any] = {
+        "version": commit.version, "results": [],
+        "error": ["NotInHistory", f"commit {commit.commit_id} does not follow commit {commit.version - 1}"],
+    }
+    txn.set_version(commit.version)
+    txn.set_last_commit_ms(now)
+    txn.put_outcome(commit.commit_id, outcome)
+    return outcome
 
 
 def _apply_append(
@@ -158,15 +212,13 @@ def _apply_append(
                 continue
             if pid not in producers:
                 producers[pid] = txn.get_producer(pid)
-            try:
-                decision = check_batch(producers[pid], p, batch.epoch, batch.base_sequence, count, now, exp)
-            except ProducerError:
-                raise
+            decision = check_batch(producers[pid], p, batch.epoch, batch.base_sequence, count, now, exp,
+                                   batch.digest)
             if decision.accept:
                 base = ends[p]
                 ends[p] = base + count
                 meta = BatchMeta(batch.base_sequence, last_sequence(batch.base_sequence, count),
-                                 base, base + count - 1, now)
+                                 base, base + count - 1, now, batch.digest)
                 producers[pid] = accept_batch(producers[pid], pid, p, batch.epoch, meta, now, exp)
                 plan.append((file, i, batch, base, base + count - 1, True))
             else:

@@ -12,11 +12,29 @@ Databases (all rebuildable from the storage root):
 ``index``     key -> (partition, offset[, inline value])
 ``runs``      run number -> index run: later commits' index entries, not yet merged into ``index``
 ``cleaner``   partition -> cleaner checkpoint and state
+``condemned`` data-file path -> commit time at which a ``gc`` commit condemned it (an orphan
+              that GC deletes; no later commit may make it live)
+
+An index value (in the B-tree and in index runs alike: settling copies run values into the
+B-tree) is ``>IHQB``, the CRC32C then partition, offset and flags, followed by the long key's
+length (``>I``) and bytes (flag 2) and then the inline value (flag 1). The CRC32C covers the
+LMDB key followed by everything after the CRC itself, so a damaged value, or a value moved to
+another key, is never taken for data: every read of the index checks it, and a mismatch raises
+``CorruptDataError`` naming the cache and marks the key index for rebuild (meta ``index_ready``
+= 0, see :mod:`kvlog.meta.env`).
+
+The values of the other databases but ``pending`` and ``condemned`` are sealed with a CRC32C
+of their key and bytes (:func:`kvlog.meta.env.seal`), so damage there is found too, never
+taken for a batch's whereabouts or the applied version. The meta key ``cache_layout`` names
+this layout. LMDB errors and damaged values become kvlog errors (:meth:`LmdbEnv.failure`,
+:class:`~kvlog.meta.env.CacheDamage`) in every :class:`MetaReader` method.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
+import inspect
 import json
 import operator
 import struct
@@ -25,36 +43,45 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
-from typing import Any, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 import lmdb
 import numpy as np
 import pyarrow as pa
 
+from kvlog.errors import CorruptDataError
+from kvlog.format.checksum import crc32c
 from kvlog.format.columns import INDEX_HEAD_BYTES as _PACKED_HEAD_BYTES
 from kvlog.format.columns import binary_ends, index_pairs, int64_column, latest_rows, valid_mask
 from kvlog.log.producers import ProducerState, producer_from_json, producer_to_json
-from kvlog.meta.env import LmdbEnv
+from kvlog.meta import _runs
+from kvlog.meta.env import CACHE_LAYOUT, LMDB_ERROR, CacheDamage, LmdbEnv, seal, unseal
 from kvlog.meta.keys import DIRECT_KEY_BYTES, encode_index_key, is_long_encoded
 from kvlog.meta.runs import RUN_ID, Buffer, build_run, run_entries, runs_find, walk_run
 
 __all__ = [
-    "INDEX_HEAD_BYTES", "INLINE_FLAG", "IndexEntry", "MetaTxn", "MetaReader", "PinnedRuns",
-    "decode_index_value", "find_in_runs",
-    "index_lookup", "index_read_handles", "index_value_reader", "prefix_successor",
+    "INDEX_HEAD_BYTES", "INLINE_FLAG", "LMDB_ERROR", "IndexEntry", "MetaTxn", "MetaReader",
+    "PinnedRuns", "decode_index_value", "encode_index_value", "find_in_runs", "index_damage",
+    "index_inline", "index_lookup", "index_read_handles", "index_value_reader", "prefix_successor",
 ]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _BATCH_KEY = struct.Struct(">HQ")
 _PART_KEY = struct.Struct(">H")
 _PID_KEY = struct.Struct(">Q")
 _U64 = struct.Struct(">Q")
-_INDEX_HEAD = struct.Struct(">HQB")
+_INDEX_HEAD = struct.Struct(">IHQB")
+_INDEX_BODY = struct.Struct(">HQB")  # the head after its CRC
+_CRC = struct.Struct(">I")
 _KEYLEN = struct.Struct(">I")
 _INLINE = 1
 _LONG = 2
-#: An index value is ``>HQB`` (partition, offset, flags) then the long key's length and bytes
-#: (flag 2) then the inline value (flag 1). A value whose byte :data:`INDEX_HEAD_BYTES` - 1 is
-#: :data:`INLINE_FLAG` is a short key's entry with its value inline from byte INDEX_HEAD_BYTES on.
+#: An index value is ``>IHQB`` (CRC32C, partition, offset, flags) then the long key's length and
+#: bytes (flag 2) then the inline value (flag 1); see the module's docstring. A value whose byte
+#: :data:`INDEX_HEAD_BYTES` - 1 is :data:`INLINE_FLAG` is a short key's entry with its value
+#: inline from byte INDEX_HEAD_BYTES on, once its checksum is checked (:func:`index_inline`).
 INDEX_HEAD_BYTES = _INDEX_HEAD.size
 if INDEX_HEAD_BYTES != _PACKED_HEAD_BYTES:  # kvlog.format.columns writes the same head in C
     raise ImportError(f"index heads of {INDEX_HEAD_BYTES} and {_PACKED_HEAD_BYTES} bytes disagree")
@@ -75,11 +102,24 @@ class IndexEntry:
 
 
 def _loads(raw: bytes | memoryview) -> Any:
-    return json.loads(bytes(raw))
+    try:
+        return json.loads(bytes(raw))
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        raise CacheDamage("a metadata value does not parse", index_only=False) from None
 
 
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _json_in(key: bytes | memoryview, value: bytes | memoryview) -> Any:
+    """The JSON object sealed under ``key`` (``CacheDamage`` if the value fails its checks)."""
+    return _loads(unseal(key, value))
+
+
+def _json_out(key: bytes, obj: Any) -> bytes:
+    """``obj`` as JSON, sealed under ``key``."""
+    return seal(key, _dumps(obj))
 
 
 def prefix_successor(prefix: bytes) -> bytes | None:
@@ -90,28 +130,107 @@ def prefix_successor(prefix: bytes) -> bytes | None:
     return trimmed[:-1] + bytes([trimmed[-1] + 1])
 
 
+def _entry_damage(lmdb_key: bytes) -> CacheDamage:
+    shown = lmdb_key[:DIRECT_KEY_BYTES]
+    return CacheDamage(f"the key index's entry for {shown[:40]!r}{'...' if len(shown) > 40 else ''} "
+                       "is malformed or fails its checksum", index_only=True)
+
+
 def _decode_index(lmdb_key: bytes, value: bytes) -> tuple[bytes, IndexEntry]:
-    partition, offset, flags = _INDEX_HEAD.unpack_from(value)
-    pos = _INDEX_HEAD.size
-    key = lmdb_key
-    if flags & _LONG:
-        (n,) = _KEYLEN.unpack_from(value, pos)
-        key = bytes(value[pos + 4 : pos + 4 + n])
-        pos += 4 + n
-    inline = bytes(value[pos:]) if flags & _INLINE else None
+    """The user key and entry of an index value, its checksum checked (``CacheDamage``)."""
+    try:
+        key, partition, offset, inline = _runs.decode(lmdb_key, value)
+    except ValueError:
+        raise _entry_damage(lmdb_key) from None
     return key, IndexEntry(partition, offset, inline)
 
 
+def encode_index_value(key: bytes, partition: int, offset: int, inline: bytes | None) -> bytes:
+    """The index value of user ``key`` pointing at ``(partition, offset)``, with ``inline`` (its
+    value) unless None: head, long key if any, inline value, sealed with the CRC32C."""
+    lmdb_key = encode_index_key(key)
+    long_key = len(key) > DIRECT_KEY_BYTES
+    flags = (_INLINE if inline is not None else 0) | (_LONG if long_key else 0)
+    parts = [_INDEX_BODY.pack(partition, offset, flags)]
+    if long_key:
+        parts += [_KEYLEN.pack(len(key)), key]
+    if inline is not None:
+        parts.append(inline)
+    body = b"".join(parts)
+    return _CRC.pack(crc32c(body, crc32c(lmdb_key))) + body
+
+
 def decode_index_value(key: bytes, value: bytes) -> IndexEntry:
-    """The entry of an index value read for ``key`` (a user key)."""
+    """The entry of an index value read for ``key`` (a user key), its checksum checked: raises
+    ``ValueError`` (a :class:`~kvlog.meta.env.CacheDamage`) if it fails (see :func:`index_damage`)."""
     return _decode_index(encode_index_key(key), value)[1]
+
+
+#: ``index_inline(lmdb_key, value)``: a short key's inline value from its index value (None: the
+#: value is in a data file), the checksum checked: ``ValueError`` if it fails (see
+#: :func:`index_damage`). The compiled function itself: the get fast path calls it per get.
+index_inline: Callable[[bytes, bytes], bytes | None] = _runs.inline
+
+
+def index_damage(env: LmdbEnv, lmdb_key: bytes) -> CorruptDataError:
+    """The error for an index entry of ``lmdb_key`` that failed its checks, once the key index
+    is marked for rebuild."""
+    damage = _entry_damage(lmdb_key)
+    return env.damaged(str(damage), index_only=True)
 
 
 def index_read_handles(env: LmdbEnv) -> tuple[Callable[[Any], Any], Any, type[Exception]]:
     """For a caller's own fast path: ``begin(db)`` of a read transaction (``txn.get(lmdb_key)``
     then ``txn.abort()``, after looking in the snapshot's index runs: :class:`PinnedRuns`), the
-    index database, and the error meaning "take the slow path" (another process grew the map)."""
+    index database, and the error meaning "take the slow path" (another process grew the map).
+
+    The caller checks each value with :func:`index_inline` (or :func:`decode_index_value`) and
+    turns other :data:`LMDB_ERROR` errors into kvlog errors with ``env.failure``."""
     return env.env.begin, env.dbs["index"], lmdb.MapResizedError
+
+
+def _guarded(method: Callable[P, R]) -> Callable[P, R]:
+    """``method`` of a :class:`MetaReader` with LMDB errors and damage raised as kvlog errors
+    (``MapFullError`` and ``MapResizedError`` pass: :meth:`LmdbEnv.write` handles them)."""
+    passing = (lmdb.MapFullError, lmdb.MapResizedError)
+
+    def failure(reader: Any, error: Exception) -> Exception:
+        env: LmdbEnv = reader._env
+        if isinstance(error, CacheDamage):
+            return env.damaged(str(error), index_only=error.index_only)
+        assert isinstance(error, lmdb.Error)
+        return env.failure(error)
+
+    if inspect.isgeneratorfunction(method):
+        @functools.wraps(method)
+        def walk(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return (yield from method(*args, **kwargs))
+            except passing:
+                raise
+            except (lmdb.Error, CacheDamage) as e:
+                raise failure(args[0], e) from (e if isinstance(e, lmdb.Error) else None)
+
+        return cast(Callable[P, R], walk)
+
+    @functools.wraps(method)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except passing:
+            raise
+        except (lmdb.Error, CacheDamage) as e:
+            raise failure(args[0], e) from (e if isinstance(e, lmdb.Error) else None)
+
+    return call
+
+
+def _guard_methods(cls: type[R]) -> type[R]:
+    """Every method of ``cls`` (not inherited) as :func:`_guarded`."""
+    for name, attr in list(vars(cls).items()):
+        if inspect.isfunction(attr) and not (name.startswith("__") and name.endswith("__")):
+            setattr(cls, name, _guarded(attr))
+    return cls
 
 
 def _runs_newest_first(txn: lmdb.Transaction, runs_db: Any) -> list[Buffer]:
@@ -120,10 +239,19 @@ def _runs_newest_first(txn: lmdb.Transaction, runs_db: Any) -> list[Buffer]:
 
 
 def find_in_runs(runs: list[Buffer], lmdb_key: bytes) -> bytes | None:
-    """The newest run's entry for a key (``b""``: deleted), or None if no run has one."""
+    """The newest run's entry for a key (``b""``: deleted), or None if no run has one; the entry
+    is checked (its CRC32C), and ``ValueError`` raised if it or the run is damaged."""
     if len(lmdb_key) > DIRECT_KEY_BYTES:
         return None  # runs hold short keys only; a long key's LMDB key is longer
     return runs_find(runs, lmdb_key)
+
+
+def _find_in_runs(runs: list[Buffer], lmdb_key: bytes) -> bytes | None:
+    """:func:`find_in_runs`, damage raised as ``CacheDamage``."""
+    try:
+        return find_in_runs(runs, lmdb_key)
+    except ValueError:
+        raise CacheDamage("an index run is damaged", index_only=True) from None
 
 
 class PinnedRuns:
@@ -172,12 +300,22 @@ def index_value_reader(env: LmdbEnv) -> Callable[[bytes], bytes | None]:
         except lmdb.MapResizedError:
             env._adopt_size()
             return read(lmdb_key)
+        except lmdb.Error as e:
+            raise env.failure(e) from e
         try:
-            found = find_in_runs(_runs_newest_first(txn, runs_db), lmdb_key)
+            found = _find_in_runs(_runs_newest_first(txn, runs_db), lmdb_key)
             if found is not None:
                 return found or None
-            value = txn.get(lmdb_key)
-            return None if value is None else bytes(value)
+            view = txn.get(lmdb_key)
+            if view is None:
+                return None
+            value = bytes(view)
+            _decode_index(lmdb_key, value)  # its checksum
+            return value
+        except lmdb.Error as e:
+            raise env.failure(e) from e
+        except CacheDamage as e:
+            raise env.damaged(str(e), index_only=e.index_only) from None
         finally:
             txn.abort()
 
@@ -187,7 +325,12 @@ def index_value_reader(env: LmdbEnv) -> Callable[[bytes], bytes | None]:
 def index_lookup(env: LmdbEnv, key: bytes) -> IndexEntry | None:
     """One key's index entry in a short read transaction of its own."""
     value = index_value_reader(env)(encode_index_key(key))
-    return None if value is None else decode_index_value(key, value)
+    if value is None:
+        return None
+    try:
+        return decode_index_value(key, value)
+    except CacheDamage as e:
+        raise env.damaged(str(e), index_only=True) from None
 
 
 def _scan_bounds(start: bytes | None, stop: bytes | None, prefix: bytes | None) -> tuple[bytes | None, bytes | None]:
@@ -201,8 +344,10 @@ def _scan_bounds(start: bytes | None, stop: bytes | None, prefix: bytes | None) 
     return lower, upper
 
 
+@_guard_methods
 class MetaReader:
-    """Reads within one LMDB transaction (a consistent snapshot)."""
+    """Reads within one LMDB transaction (a consistent snapshot). LMDB errors and damage found
+    in the cache are raised as kvlog errors, the damage recorded (see the module's docstring)."""
 
     def __init__(self, env: LmdbEnv, txn: lmdb.Transaction) -> None:
         self._env = env
@@ -221,8 +366,9 @@ class MetaReader:
 
     # -- meta ---------------------------------------------------------------------------------
     def get_meta(self, name: str) -> bytes | None:
-        value = self.txn.get(name.encode(), db=self._db["meta"])
-        return None if value is None else bytes(value)
+        key = name.encode()
+        value = self.txn.get(key, db=self._db["meta"])
+        return None if value is None else unseal(key, value)
 
     def version(self) -> int:
         """The applied version (0: nothing applied)."""
@@ -236,18 +382,20 @@ class MetaReader:
     # -- partitions ---------------------------------------------------------------------------
     def get_partition(self, partition: int) -> dict[str, Any]:
         """``{"start": int, "end": int}``; a new partition starts empty at 0."""
-        value = self.txn.get(_PART_KEY.pack(partition), db=self._db["parts"])
-        return {"start": 0, "end": 0} if value is None else dict(_loads(value))
+        key = _PART_KEY.pack(partition)
+        value = self.txn.get(key, db=self._db["parts"])
+        return {"start": 0, "end": 0} if value is None else dict(_json_in(key, value))
 
     # -- files and batches --------------------------------------------------------------------
     def get_file(self, file_id: str) -> dict[str, Any] | None:
-        value = self.txn.get(file_id.encode(), db=self._db["files"])
-        return None if value is None else dict(_loads(value))
+        key = file_id.encode()
+        value = self.txn.get(key, db=self._db["files"])
+        return None if value is None else dict(_json_in(key, value))
 
     def iter_files(self) -> Iterator[tuple[str, dict[str, Any]]]:
         with self.txn.cursor(db=self._db["files"]) as cur:
             for k, v in cur:
-                yield bytes(k).decode(), _loads(v)
+                yield bytes(k).decode(), _json_in(k, v)
 
     def find_batch(self, partition: int, offset: int) -> dict[str, Any] | None:
         """The live batch of ``partition`` whose offset range holds ``offset``, if any."""
@@ -257,7 +405,7 @@ class MetaReader:
             p, _last = _BATCH_KEY.unpack(cur.key())
             if p != partition:
                 return None
-            batch: dict[str, Any] = _loads(cur.value())
+            batch: dict[str, Any] = _json_in(cur.key(), cur.value())
             return batch if batch["base"] <= offset else None
 
     def iter_batches(self, partition: int, from_offset: int = 0) -> Iterator[dict[str, Any]]:
@@ -269,24 +417,26 @@ class MetaReader:
                 p, _last = _BATCH_KEY.unpack(k)
                 if p != partition:
                     return
-                yield _loads(v)
+                yield _json_in(k, v)
 
     def count_batches(self) -> int:
         return int(self.txn.stat(self._db["batches"])["entries"])
 
     # -- producers, outcomes, pending deletions ------------------------------------------------
     def get_producer(self, producer_id: int) -> ProducerState | None:
-        value = self.txn.get(_PID_KEY.pack(producer_id), db=self._db["producers"])
-        return None if value is None else producer_from_json(_loads(value))
+        key = _PID_KEY.pack(producer_id)
+        value = self.txn.get(key, db=self._db["producers"])
+        return None if value is None else producer_from_json(_json_in(key, value))
 
     def iter_producers(self) -> Iterator[ProducerState]:
         with self.txn.cursor(db=self._db["producers"]) as cur:
-            for _k, v in cur:
-                yield producer_from_json(_loads(v))
+            for k, v in cur:
+                yield producer_from_json(_json_in(k, v))
 
     def get_outcome(self, commit_id: str) -> dict[str, Any] | None:
-        value = self.txn.get(commit_id.encode(), db=self._db["outcomes"])
-        return None if value is None else dict(_loads(value))
+        key = commit_id.encode()
+        value = self.txn.get(key, db=self._db["outcomes"])
+        return None if value is None else dict(_json_in(key, value))
 
     def iter_pending(self) -> Iterator[tuple[str, int]]:
         with self.txn.cursor(db=self._db["pending"]) as cur:
@@ -297,22 +447,42 @@ class MetaReader:
         """Every partition that has had a batch, with its offsets info."""
         with self.txn.cursor(db=self._db["parts"]) as cur:
             for k, v in cur:
-                yield _PART_KEY.unpack(k)[0], _loads(v)
+                yield _PART_KEY.unpack(k)[0], _json_in(k, v)
 
     def iter_cleaner(self) -> Iterator[tuple[int, dict[str, Any]]]:
         """Every partition's cleaner state."""
         with self.txn.cursor(db=self._db["cleaner"]) as cur:
             for k, v in cur:
-                yield _PART_KEY.unpack(k)[0], _loads(v)
+                yield _PART_KEY.unpack(k)[0], _json_in(k, v)
 
     def get_cleaner(self, partition: int) -> dict[str, Any]:
-        value = self.txn.get(_PART_KEY.pack(partition), db=self._db["cleaner"])
-        return {} if value is None else dict(_loads(value))
+        key = _PART_KEY.pack(partition)
+        value = self.txn.get(key, db=self._db["cleaner"])
+        return {} if value is None else dict(_json_in(key, value))
+
+    # -- condemned orphans and the applied commit ----------------------------------------------
+    def is_condemned(self, path: str) -> bool:
+        """Whether a ``gc`` commit condemned the data file ``path`` (it may already be deleted)."""
+        return self.txn.get(path.encode(), db=self._db["condemned"]) is not None
+
+    def iter_condemned(self) -> Iterator[tuple[str, int]]:
+        """Every condemned path with the commit time that condemned it."""
+        with self.txn.cursor(db=self._db["condemned"]) as cur:
+            for k, v in cur:
+                yield bytes(k).decode(), int(_U64.unpack(v)[0])
+
+    def applied_commit(self) -> tuple[int, str, int] | None:
+        """``(version, commit id, CRC32C of its bytes)`` of the newest commit applied, if known."""
+        value = self.get_meta("applied_commit")
+        if value is None:
+            return None
+        obj = _loads(value)
+        return int(obj[0]), str(obj[1]), int(obj[2])
 
     # -- key index ----------------------------------------------------------------------------
     def index_get(self, key: bytes) -> IndexEntry | None:
         lmdb_key = encode_index_key(key)
-        found = find_in_runs(self._runs(), lmdb_key)
+        found = _find_in_runs(self._runs(), lmdb_key)
         if found is not None:
             return _decode_index(lmdb_key, found)[1] if found else None
         value = self.txn.get(lmdb_key, db=self._db["index"])
@@ -409,8 +579,6 @@ class MetaReader:
             return None
         if self._runs():
             return b"" if lower is None else lower  # pending runs: the general path merges them
-        head = _INDEX_HEAD.size
-        flag = head - 1
         # LMDB keys below ``cut`` are in the range; past a long ``upper``, long keys need their real keys.
         cut = upper if upper is None or len(upper) <= DIRECT_KEY_BYTES else upper[:DIRECT_KEY_BYTES]
         with self.txn.cursor(db=self._db["index"]) as cur:
@@ -430,11 +598,16 @@ class MetaReader:
                 if cut is not None and raw[-1][0] >= cut:
                     raw = raw[:bisect_left(raw, cut, key=_FIRST)]
                     done = True
-                out = [(k, v[head:]) for k, v in raw if v[flag] == _INLINE]
+                try:
+                    out = _runs.inline_prefix(raw)  # checked, up to the first other entry
+                except ValueError:
+                    for k, v in raw:
+                        _decode_index(k, v)  # raises for the damaged entry
+                    raise
                 if len(out) != len(raw):
-                    at = next(i for i, (_k, v) in enumerate(raw) if v[flag] != _INLINE)
+                    at = len(out)
                     if at:
-                        yield out[:at]
+                        yield out
                     key = raw[at][0]
                     # A long key's run: every real key of it is > its first bytes + b"\0".
                     return key[:DIRECT_KEY_BYTES] + b"\x00" if is_long_encoded(key) else key
@@ -507,9 +680,18 @@ def _sorted_runs(cur: lmdb.Cursor, *, forward: bool) -> Iterator[tuple[bytes, In
         yield from sorted(run, reverse=not forward)
 
 
+def _walk_run(run: Buffer, lower: bytes | None, upper: bytes | None, *,
+              reverse: bool) -> Iterator[tuple[bytes, bytes]]:
+    """:func:`walk_run`, damage raised as ``CacheDamage``."""
+    try:
+        yield from walk_run(run, lower, upper, reverse=reverse)
+    except ValueError:
+        raise CacheDamage("an index run is damaged", index_only=True) from None
+
+
 def _tagged(run: Buffer, age: int, lower: bytes | None, upper: bytes | None,
             reverse: bool) -> Iterator[tuple[bytes, bytes, int]]:
-    for key, value in walk_run(run, lower, upper, reverse=reverse):
+    for key, value in _walk_run(run, lower, upper, reverse=reverse):
         yield key, value, age
 
 
@@ -518,7 +700,7 @@ def _merge_runs(runs: list[Buffer], lower: bytes | None, upper: bytes | None, *,
     """The entries of runs (newest first) with ``lower <= key < upper`` in key order (or
     reverse), the newest entry of each key only (``b""``: deleted)."""
     if len(runs) == 1:
-        yield from walk_run(runs[0], lower, upper, reverse=reverse)
+        yield from _walk_run(runs[0], lower, upper, reverse=reverse)
         return
     streams = [_tagged(run, age, lower, upper, reverse) for age, run in enumerate(runs)]
     # Equal keys come newest (age 0) first either way.
@@ -580,7 +762,10 @@ class MetaTxn(MetaReader):
             assert run is not None
             lower: bytes | None = None
             while True:
-                chunk = run_entries(run, lower, None, _PUT_CHUNK)
+                try:
+                    chunk = run_entries(run, lower, None, _PUT_CHUNK)  # every entry checked
+                except ValueError:
+                    raise CacheDamage("an index run is damaged", index_only=True) from None
                 puts = [pair for pair in chunk if pair[1]]
                 if len(puts) != len(chunk):
                     for key, value in chunk:
@@ -602,7 +787,8 @@ class MetaTxn(MetaReader):
             self.settle_runs()
 
     def put_meta(self, name: str, value: bytes) -> None:
-        self.txn.put(name.encode(), value, db=self._db["meta"])
+        key = name.encode()
+        self.txn.put(key, seal(key, value), db=self._db["meta"])
 
     def set_version(self, version: int) -> None:
         self.put_meta("version", _U64.pack(version))
@@ -611,35 +797,38 @@ class MetaTxn(MetaReader):
         self.put_meta("last_commit_ms", _U64.pack(max(ms, 0)))
 
     def put_partition(self, partition: int, info: dict[str, Any]) -> None:
-        self.txn.put(_PART_KEY.pack(partition), _dumps(info), db=self._db["parts"])
+        key = _PART_KEY.pack(partition)
+        self.txn.put(key, _json_out(key, info), db=self._db["parts"])
 
     def put_file(self, file_id: str, entry: dict[str, Any]) -> None:
-        self.txn.put(file_id.encode(), _dumps(entry), db=self._db["files"])
+        key = file_id.encode()
+        self.txn.put(key, _json_out(key, entry), db=self._db["files"])
 
     def delete_file(self, file_id: str) -> None:
         self.txn.delete(file_id.encode(), db=self._db["files"])
 
     def put_batch(self, partition: int, last_offset: int, batch: dict[str, Any]) -> None:
-        self.txn.put(_BATCH_KEY.pack(partition, last_offset), _dumps(batch), db=self._db["batches"])
+        key = _BATCH_KEY.pack(partition, last_offset)
+        self.txn.put(key, _json_out(key, batch), db=self._db["batches"])
 
     def delete_batch(self, partition: int, last_offset: int) -> None:
         self.txn.delete(_BATCH_KEY.pack(partition, last_offset), db=self._db["batches"])
 
     def put_producer(self, state: ProducerState) -> None:
-        self.txn.put(
-            _PID_KEY.pack(state.producer_id), _dumps(producer_to_json(state)), db=self._db["producers"]
-        )
+        key = _PID_KEY.pack(state.producer_id)
+        self.txn.put(key, _json_out(key, producer_to_json(state)), db=self._db["producers"])
 
     def delete_producer(self, producer_id: int) -> None:
         self.txn.delete(_PID_KEY.pack(producer_id), db=self._db["producers"])
 
     def put_outcome(self, commit_id: str, outcome: dict[str, Any]) -> None:
-        self.txn.put(commit_id.encode(), _dumps(outcome), db=self._db["outcomes"])
+        key = commit_id.encode()
+        self.txn.put(key, _json_out(key, outcome), db=self._db["outcomes"])
 
     def prune_outcomes(self, below_version: int) -> None:
         """Forget outcomes of commits older than ``below_version``."""
         with self.txn.cursor(db=self._db["outcomes"]) as cur:
-            stale = [bytes(k) for k, v in cur if _loads(v)["version"] < below_version]
+            stale = [bytes(k) for k, v in cur if _json_in(k, v)["version"] < below_version]
         for k in stale:
             self.txn.delete(k, db=self._db["outcomes"])
 
@@ -650,18 +839,19 @@ class MetaTxn(MetaReader):
         self.txn.delete(path.encode(), db=self._db["pending"])
 
     def put_cleaner(self, partition: int, state: dict[str, Any]) -> None:
-        self.txn.put(_PART_KEY.pack(partition), _dumps(state), db=self._db["cleaner"])
+        key = _PART_KEY.pack(partition)
+        self.txn.put(key, _json_out(key, state), db=self._db["cleaner"])
+
+    def put_condemned(self, path: str, at_ms: int) -> None:
+        self.txn.put(path.encode(), _U64.pack(max(at_ms, 0)), db=self._db["condemned"])
+
+    def set_applied_commit(self, version: int, commit_id: str, crc: int) -> None:
+        self.put_meta("applied_commit", _dumps([version, commit_id, crc]))
 
     def index_put(self, key: bytes, partition: int, offset: int, inline: bytes | None) -> None:
         self._settle()
-        lmdb_key = encode_index_key(key)
-        flags = (_INLINE if inline is not None else 0) | (_LONG if len(key) > DIRECT_KEY_BYTES else 0)
-        parts = [_INDEX_HEAD.pack(partition, offset, flags)]
-        if flags & _LONG:
-            parts += [_KEYLEN.pack(len(key)), key]
-        if inline is not None:
-            parts.append(inline)
-        self.txn.put(lmdb_key, b"".join(parts), db=self._db["index"])
+        self.txn.put(encode_index_key(key), encode_index_value(key, partition, offset, inline),
+                     db=self._db["index"])
 
     def index_apply(
         self, partition: int, latest: dict[bytes, tuple[int, bytes | None]], inline_limit: int
@@ -681,15 +871,13 @@ class MetaTxn(MetaReader):
     def index_put_many(self, items: list[tuple[bytes, int, int, bytes]], inline_limit: int) -> None:
         """Write ``(key, partition, offset, value)`` entries; values up to ``inline_limit`` inline."""
         self._settle()
-        head = _INDEX_HEAD.pack
         puts = []
         for key, partition, offset, value in items:
             if len(key) > DIRECT_KEY_BYTES:
                 self.index_put(key, partition, offset, value if len(value) <= inline_limit else None)
-            elif len(value) <= inline_limit:
-                puts.append((key, head(partition, offset, _INLINE) + value))
             else:
-                puts.append((key, head(partition, offset, 0)))
+                inline = value if len(value) <= inline_limit else None
+                puts.append((key, encode_index_value(key, partition, offset, inline)))
         if puts:
             with self.txn.cursor(db=self._db["index"]) as cur:
                 cur.putmulti(puts)
@@ -756,8 +944,10 @@ class MetaTxn(MetaReader):
         self.txn.delete(encode_index_key(key), db=self._db["index"])
 
     def clear(self, *, keep_index: bool = False) -> None:
-        """Empty every database (the index and its runs too unless ``keep_index``)."""
+        """Empty every database (the index and its runs too unless ``keep_index``); the meta
+        database keeps the cache's layout (``cache_layout``), which an emptied cache has too."""
         for name, db in self._db.items():
             if keep_index and name in ("index", "runs"):
                 continue
             self.txn.drop(db, delete=False)
+        self.put_meta("cache_layout", CACHE_LAYOUT)

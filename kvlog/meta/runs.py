@@ -6,11 +6,17 @@ of the index at every commit. Readers look a key up in the pending runs, newest 
 the B-tree; merging the runs into the B-tree (settling) happens later, in one transaction for
 all of them (see :meth:`kvlog.meta.cache.MetaTxn.settle_runs`).
 
-Layout (native little-endian ``u32``): the magic ``KVR1``, the entry count, ``key_end[count]``,
+Layout (native little-endian ``u32``): the magic ``KVR2``, the entry count, ``key_end[count]``,
 ``value_end[count]``, the keys, the values. Entry ``i`` spans ``keys[key_end[i-1]:key_end[i]]``
 (``key_end[-1]`` is 0), likewise its value. Keys are strictly increasing in LMDB's order and are
-their own LMDB keys (at most ``DIRECT_KEY_BYTES``); a value is an index value (the head, then
-the inline value if any) or empty for a deletion.
+their own LMDB keys (at most ``DIRECT_KEY_BYTES``); a value is an index value (the head with its
+CRC32C, then the inline value if any; see :mod:`kvlog.meta.cache`) or, for a deletion, the
+4-byte big-endian CRC32C of the key, so that no damaged entry reads as a deletion either.
+
+A run is read in place and may be damaged like any cache page: every function that reads one
+checks the offsets it follows and the checksum of every entry it returns, and raises
+``ValueError`` for a damaged run (the cache turns that into a ``CorruptDataError``). A lookup
+checks the O(log n) entries its binary search visits, never the whole run.
 """
 
 from __future__ import annotations
@@ -23,13 +29,14 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from kvlog.format.columns import binary_ends
-from kvlog.meta import _runs  # type: ignore[attr-defined]
+from kvlog.meta import _runs
 
 __all__ = ["Buffer", "RUN_ID", "WALK_CHUNK", "build_run", "run_entries", "run_find", "run_length", "runs_find", "walk_run"]
 
 #: The LMDB key of a run in the ``runs`` database: its number, big-endian (oldest first).
 RUN_ID = struct.Struct(">Q")
 _HEADER = struct.Struct("<II")
+_MAGIC = 0x3252564B  # b"KVR2" read as a little-endian u32
 #: A run read in place (a view of an LMDB value) or copied.
 Buffer = bytes | memoryview
 #: Entries one call of :func:`walk_run` turns into Python objects.
@@ -56,7 +63,9 @@ def build_run(keys: pa.Array, values: pa.Array, rows: npt.NDArray[np.int64],
 
 
 def run_find(run: Buffer, key: bytes) -> bytes | None:
-    """``key``'s entry in ``run``: its index value, ``b""`` for a deletion, None for no entry."""
+    """``key``'s entry in ``run``: its index value, ``b""`` for a deletion, None for no entry.
+
+    Raises ``ValueError`` if the run is damaged where the search reads it."""
     found: bytes | None = _runs.find(run, key)
     return found
 
@@ -90,8 +99,10 @@ def walk_run(run: Buffer, lower: bytes | None, upper: bytes | None, *,
 
 
 def run_length(run: Buffer) -> int:
-    """The number of entries of ``run``."""
+    """The number of entries of ``run`` (``ValueError`` if it does not start as a run does)."""
+    if len(run) < _HEADER.size:
+        raise ValueError("not an index run")
     magic, count = _HEADER.unpack_from(run)
-    if magic != 0x3152564B:
+    if magic != _MAGIC or _HEADER.size + 8 * count > len(run):
         raise ValueError("not an index run")
     return int(count)

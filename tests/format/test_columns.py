@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -19,6 +17,7 @@ from kvlog.format.columns import (
     int64_column,
     valid_mask,
 )
+from kvlog.meta.cache import encode_index_value
 
 items_strategy = st.lists(st.one_of(st.none(), st.binary(max_size=40)), max_size=60)
 
@@ -71,9 +70,8 @@ def test_int64_column_shares_values() -> None:
     assert int64_column(values).to_pylist() == [3, -1, 2**40]
 
 
-def _expected_value(partition: int, offset: int, value: bytes, limit: int) -> bytes:
-    inline = len(value) <= limit
-    return struct.pack(">HQB", partition, offset, 1 if inline else 0) + (value if inline else b"")
+def _expected_value(key: bytes, partition: int, offset: int, value: bytes, limit: int) -> bytes:
+    return encode_index_value(key, partition, offset, value if len(value) <= limit else None)
 
 
 @settings(deadline=None)
@@ -92,7 +90,7 @@ def test_index_pairs_match_the_head_layout(records: list[tuple[bytes, bytes]], s
     pairs = index_pairs(keys, values, rows, partitions, positions, limit)
     key_list, value_list = keys.to_pylist(), values.to_pylist()
     assert pairs == [
-        (key_list[r], _expected_value(int(p), int(o), value_list[r], limit))
+        (key_list[r], _expected_value(key_list[r], int(p), int(o), value_list[r], limit))
         for r, p, o in zip(rows.tolist(), partitions.tolist(), positions.tolist(), strict=True)
     ]
     assert all(len(v) >= INDEX_HEAD_BYTES for _, v in pairs)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,9 +9,8 @@ from hypothesis import strategies as st
 
 from kvlog.format.columns import binary_column
 from kvlog.meta import runs
+from kvlog.meta.cache import encode_index_value
 from kvlog.meta.runs import build_run, run_entries, run_find, run_length, runs_find, walk_run
-
-HEAD = struct.Struct(">HQB")
 
 keys_st = st.lists(st.binary(min_size=1, max_size=6), min_size=0, max_size=40, unique=True)
 
@@ -28,12 +25,10 @@ def run_inputs(draw: st.DrawFn) -> tuple[list[bytes], list[bytes | None], list[i
     return keys, values, partitions, offsets, inline_limit
 
 
-def expected_value(value: bytes | None, partition: int, offset: int, inline_limit: int) -> bytes:
+def expected_value(key: bytes, value: bytes | None, partition: int, offset: int, inline_limit: int) -> bytes:
     if value is None:
         return b""
-    if len(value) <= inline_limit:
-        return HEAD.pack(partition, offset, 1) + value
-    return HEAD.pack(partition, offset, 0)
+    return encode_index_value(key, partition, offset, value if len(value) <= inline_limit else None)
 
 
 def make_run(keys: list[bytes], values: list[bytes | None], partitions: list[int], offsets: list[int],
@@ -56,7 +51,7 @@ def make_run(keys: list[bytes], values: list[bytes | None], partitions: list[int
 def test_find_matches_a_dict(inputs: tuple, probes: list[bytes]) -> None:
     keys, values, partitions, offsets, inline_limit = inputs
     run = make_run(keys, values, partitions, offsets, inline_limit)
-    model = {k: expected_value(v, p, o, inline_limit)
+    model = {k: expected_value(k, v, p, o, inline_limit)
              for k, v, p, o in zip(keys, values, partitions, offsets, strict=True)}
     assert run_length(run) == len(keys)
     for key in list(model) + probes:
@@ -71,7 +66,7 @@ def test_entries_are_the_models_slice(inputs: tuple, lower: bytes | None, upper:
                                       reverse: bool) -> None:
     keys, values, partitions, offsets, inline_limit = inputs
     run = make_run(keys, values, partitions, offsets, inline_limit)
-    model = [(k, expected_value(v, p, o, inline_limit))
+    model = [(k, expected_value(k, v, p, o, inline_limit))
              for k, v, p, o in zip(keys, values, partitions, offsets, strict=True)
              if (lower is None or k >= lower) and (upper is None or k < upper)]
     if reverse:
@@ -96,7 +91,7 @@ def test_keys_order_is_lmdbs_byte_order() -> None:
     keys = sorted([b"\x00", b"\x00\x00", b"\x7f", b"\x80", b"\xff", b"\xff\x00", b"a", b"ab"])
     run = make_run(keys, [b"x"] * len(keys), [0] * len(keys), list(range(len(keys))), 4)
     assert [k for k, _v in run_entries(run)] == keys
-    assert run_find(run, b"\xff\x00") == HEAD.pack(0, keys.index(b"\xff\x00"), 1) + b"x"
+    assert run_find(run, b"\xff\x00") == encode_index_value(b"\xff\x00", 0, keys.index(b"\xff\x00"), b"x")
     assert run_find(run, b"\xfe") is None
 
 
@@ -137,10 +132,10 @@ def test_an_empty_run() -> None:
 def test_runs_find_takes_the_first_run_holding_the_key() -> None:
     newer = make_run([b"a", b"c"], [b"new", None], [1, 1], [10, 11], 8)
     older = make_run([b"a", b"b", b"c"], [b"old", b"b", b"c"], [0, 0, 0], [1, 2, 3], 8)
-    assert runs_find([newer, older], b"a") == HEAD.pack(1, 10, 1) + b"new"
-    assert runs_find([newer, memoryview(older)], b"b") == HEAD.pack(0, 2, 1) + b"b"
+    assert runs_find([newer, older], b"a") == encode_index_value(b"a", 1, 10, b"new")
+    assert runs_find([newer, memoryview(older)], b"b") == encode_index_value(b"b", 0, 2, b"b")
     assert runs_find([newer, older], b"c") == b""  # deleted by the newer run
-    assert runs_find([older, newer], b"c") == HEAD.pack(0, 3, 1) + b"c"
+    assert runs_find([older, newer], b"c") == encode_index_value(b"c", 0, 3, b"c")
     assert runs_find([newer, older], b"d") is None
     assert runs_find([], b"a") is None
     with pytest.raises(ValueError):

@@ -170,16 +170,23 @@ def test_a_write_batch_with_a_bad_record_writes_nothing(store: Any, tmp_path: Pa
     assert store.get("a") is None and store.get("kept") == b"value"
 
 
-def test_a_write_batch_stays_rejected_when_the_error_is_caught_inside(store: Any, tmp_path: Path) -> None:
-    """WriteBatch.put: "bad input raises at once and the batch will write nothing"."""
-    root = tmp_path / "store"
-    before = _store_state(store, root)
+def test_a_refused_record_is_not_added_and_the_rest_of_the_batch_commits(store: Any, tmp_path: Path) -> None:
+    """A caller that catches a refused record inside ``with store.batch()`` keeps the rest of
+    the batch: the refused record changes nothing, the others commit on exit."""
     with store.batch() as batch:
         batch.put("a", "1")
         with pytest.raises(InvalidRecordError):
             batch.put(None, "2")
         with pytest.raises(InvalidRecordError):
             batch.put("c", b"x" * MAX_RECORD)
+        with pytest.raises(InvalidRecordError):
+            batch.put("e", "\ud800")
         batch.put("d", "4")
-    assert _store_state(store, root) == before
-    assert store.get("a") is None and store.get("d") is None
+        assert len(batch) == 2
+    assert store.get("a") == b"1" and store.get("d") == b"4"
+    assert store.get("c") is None and store.get("e") is None
+    reopened = kvlog.open(tmp_path / "store", read_only=True, cache_dir=tmp_path / "fresh-cache")
+    try:
+        assert reopened.get("a") == b"1" and reopened.get("d") == b"4"
+    finally:
+        reopened.close()

@@ -206,8 +206,10 @@ def test_checkpoint_every_checkpoint_interval_commits(tmp_path: Path, make_log: 
     reopened = make_log(probe, tmp_path / "fresh", checkpoint_interval=3)
     read = [e.name for e in probe.history if e.op == "read"]
     assert checkpoint_name(9) in read
+    # 9: the checkpoint's own commit, read to check the checkpoint describes the root's history;
+    # 12: the probe for a newer commit.
     assert [n for n in read if n.startswith("log/") and "checkpoint" not in n] == [
-        commit_name(10), commit_name(11), commit_name(12)]  # 12: the probe for a newer commit
+        commit_name(9), commit_name(10), commit_name(11), commit_name(12)]
     assert _state(reopened) == _state(the_log)
 
 

@@ -145,8 +145,8 @@ class RefRules:
         if prod is None:
             self.producers[pid] = RefProducer(epoch, now)
             return ACCEPT
-        if epoch < prod.epoch:
-            return FENCED
+        if epoch <= prod.epoch:
+            return FENCED  # registering is conditional: only a newer epoch is taken
         prod.epoch = epoch
         prod.seen_ms = max(prod.seen_ms, now)
         return ACCEPT
@@ -626,6 +626,9 @@ class LogProducerMachine(RuleBasedStateMachine):
         self.serial += 1
         batch = [(f"s{self.serial}-{i}".encode(), f"v{self.serial}-{i}".encode()) for i in range(count)]
         outcome, dup = self.model.decide(PID, partition, producer.epoch, first, count, now)
+        if outcome == DUPLICATE:
+            assert dup is not None  # a resend is the same batch: its records are the original's
+            batch = self.records[partition][dup.first_offset:dup.last_offset + 1]
         files = _live_files(self.log)
         if outcome in (FENCED, OUT_OF_ORDER):
             error = ProducerFencedError if outcome == FENCED else OutOfOrderSequenceError
@@ -724,6 +727,7 @@ def test_log_and_pure_rules_decide_alike(batches: list[tuple[int, tuple[str, int
         pure = PureLog(EXP)
         model = RefRules(EXP)
         producer = the_log.producer(None)  # a new id, never registered: epoch 0
+        written: dict[int, list[tuple[bytes, bytes]]] = {p: [] for p in range(PARTS)}
         for n, (partition, choice, count, dt) in enumerate(batches):
             clock.advance(dt)
             now = clock.now_ms()
@@ -735,6 +739,10 @@ def test_log_and_pure_rules_decide_alike(batches: list[tuple[int, tuple[str, int
                 with pytest.raises(type(e)):
                     producer.append(partition, records, base_sequence=first)
                 continue
+            if expected[2]:  # a duplicate is a resend of the same records
+                records = written[partition][expected[0]:expected[1] + 1]
+            else:
+                written[partition].extend(records)
             got = producer.append(partition, records, base_sequence=first)
             assert (got.base_offset, got.last_offset, got.duplicate) == expected
             if not expected[2]:

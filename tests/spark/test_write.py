@@ -135,3 +135,74 @@ def test_bad_input_commits_nothing(spark: Any, kv: Any, tmp_path: Path) -> None:
     with pytest.raises(Exception, match="only appends"):
         _write(spark.createDataFrame(good, "key binary, value binary"), path, mode="overwrite")
     _unchanged(kv, path, version, files, model)
+
+
+def _no_task_runs(df: Any, marker: Path) -> Any:
+    """``df`` passed through a task that leaves ``marker`` behind: proof that some task ran."""
+    marker_path = str(marker)
+
+    def touch(batches: Any) -> Any:
+        open(marker_path, "w").close()
+        yield from batches
+
+    return df.mapInArrow(touch, df.schema)
+
+
+def _store_with_data(kv: Any, path: str) -> tuple[int, set[str], dict[bytes, bytes], set[str]]:
+    with kv.open_store(path) as store:
+        model = kv.fill(store, ops=120, keys=40, seed=13)
+        return store.log.version, kv.live_files(store), model, kv.data_files_on_disk(path)
+
+
+def test_a_dataframe_without_a_value_column_deletes_nothing(spark: Any, kv: Any, tmp_path: Path) -> None:
+    """Only keys (no ``value`` column) is refused on the driver: it must not become a tombstone per key."""
+    path = str(tmp_path / "store")
+    version, files, model, on_disk = _store_with_data(kv, path)
+    marker = tmp_path / "a-task-ran"
+    keys_only = spark.createDataFrame([(k,) for k in model], "key binary")
+    with pytest.raises(Exception, match="InvalidRecordError") as caught:
+        _write(_no_task_runs(keys_only, marker), path)
+    message = str(caught.value)
+    assert "no 'value' column" in message and "null deletes" in message, message
+    assert not marker.exists(), "a task ran before the schema was refused"
+    _unchanged(kv, path, version, files, model)
+    assert kv.data_files_on_disk(path) == on_disk
+
+
+@pytest.mark.parametrize(("schema", "row", "problem"), [
+    ("key binary, value binary, extra string", (b"k", b"v", "x"), "unknown column 'extra'"),
+    ("key binary, value binary, timestamp_ms bigint", (b"k", b"v", 1), "unknown column 'timestamp_ms'"),
+    ("value binary", (b"v",), "no 'key' column"),
+    ("key int, value binary", (1, b"v"), "'key' is int"),
+    ("key string, value double", ("k", 1.5), "'value' is double"),
+    ("key string, value array<binary>", ("k", [b"v"]), "'value' is array<binary>"),
+    ("key string, value string, timestamp string", ("k", "v", "1"), "'timestamp' is string"),
+    ("key string, value string, timestamp int", ("k", "v", 1), "'timestamp' is int"),
+])
+def test_a_bad_schema_is_refused_before_any_task_runs(spark: Any, kv: Any, tmp_path: Path, schema: str,
+                                                      row: tuple[Any, ...], problem: str) -> None:
+    path = str(tmp_path / "store")
+    version, files, model, on_disk = _store_with_data(kv, path)
+    marker = tmp_path / "a-task-ran"
+    df = spark.createDataFrame([row], schema)
+    with pytest.raises(Exception, match="InvalidRecordError") as caught:
+        _write(_no_task_runs(df, marker), path)
+    message = str(caught.value)
+    assert problem in message, message
+    assert "'key'" in message and "'value'" in message and "binary or string" in message, message
+    assert not marker.exists(), "a task ran before the schema was refused"
+    _unchanged(kv, path, version, files, model)
+    assert kv.data_files_on_disk(path) == on_disk
+
+
+def test_a_timestamp_column_stamps_the_records(spark: Any, kv: Any, tmp_path: Path) -> None:
+    """The optional ``timestamp`` column (bigint milliseconds, as the read views have it) is kept."""
+    path = str(tmp_path / "store")
+    with kv.open_store(path) as store:
+        store.put(b"old", b"x", sync=True)
+    df = spark.createDataFrame([("t1", "v1", 1234), ("old", None, 5678)], "key string, value string, timestamp bigint")
+    _write(df, path)
+    with kvlog.open(path, read_only=True) as store:
+        stamped = {r.key: (r.value, r.timestamp_ms) for r in store.changes() if r.timestamp_ms in (1234, 5678)}
+        assert stamped == {b"t1": (b"v1", 1234), b"old": (None, 5678)}
+        assert dict(store.scan()) == {b"t1": b"v1"}

@@ -8,6 +8,7 @@ after a flush, the durable items seen by a second handle.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from store_support import EXPLICIT_FLUSH, Root
 
 import kvlog
 from kvlog.errors import InvalidRecordError, KvlogError, ReadOnlyError, StoreClosedError
+from kvlog.log.log import open_log
 
 MAX_RECORD = 10_000
 
@@ -31,6 +33,8 @@ BAD_KEYS = [
     pytest.param((b"a",), id="tuple"),
     pytest.param(object(), id="object"),
     pytest.param(b"k" * 4097, id="too-long"),
+    pytest.param("\ud800", id="lone-high-surrogate"),
+    pytest.param("key-\udfff", id="lone-low-surrogate"),
 ]
 
 BAD_VALUES = [
@@ -40,6 +44,8 @@ BAD_VALUES = [
     pytest.param([b"v"], id="list"),
     pytest.param({"v": 1}, id="dict"),
     pytest.param(b"v" * MAX_RECORD, id="oversize"),
+    pytest.param("\udfff", id="lone-low-surrogate"),
+    pytest.param("value-\ud800-end", id="lone-high-surrogate"),
 ]
 
 
@@ -70,17 +76,24 @@ def _rejected(store: kvlog.Store, error: type[Exception], call: Callable[[], Any
 
 @pytest.mark.parametrize("key", BAD_KEYS)
 def test_bad_keys_are_rejected(store: kvlog.Store, local_root: Root, opened: list[Any], key: Any) -> None:
+    too_long = isinstance(key, bytes) and len(key) > 4096
     for call in (
         lambda: store.put(key, b"v"),
         lambda: store.put(key, b"v", sync=True),
         lambda: store.delete(key),
         lambda: store.delete(key, sync=True),
-        lambda: store.get(key),
         lambda: store.__setitem__(key, b"v"),
-        lambda: store[key],
-        lambda: store.__delitem__(key),
     ):
         _rejected(store, InvalidRecordError, call)
+    if too_long:
+        # Reads take any key a store may hold (max_key_bytes may have been lowered since it was
+        # written): a longer key that is not there is simply not found.
+        assert store.get(key) is None
+        _rejected(store, KeyError, lambda: store[key])
+        _rejected(store, KeyError, lambda: store.__delitem__(key))
+    else:
+        for call in (lambda: store.get(key), lambda: store[key], lambda: store.__delitem__(key)):
+            _rejected(store, InvalidRecordError, call)
     _rejected(store, InvalidRecordError, lambda: _batch(store, [("put", b"good", b"v"), ("put", key, b"v")]))
     _rejected(store, InvalidRecordError, lambda: _batch(store, [("put", b"good", b"v"), ("delete", key, None)]))
     # Nothing of it reached storage either.
@@ -113,6 +126,62 @@ def test_bad_values_are_rejected(store: kvlog.Store, value: Any) -> None:
     ):
         _rejected(store, InvalidRecordError, call)
     assert store.get(b"k") is None and store.get(b"pending") == b"p"
+
+
+LONE_SURROGATES = [
+    pytest.param("\ud800", id="high"),
+    pytest.param("\udfff", id="low"),
+    pytest.param("a\udcffb", id="escaped-byte-inside"),
+    pytest.param("\udbff\udbff", id="two-highs"),
+]
+
+
+@pytest.mark.parametrize("text", LONE_SURROGATES)
+def test_str_with_a_lone_surrogate_is_an_invalid_record(store: kvlog.Store, text: str) -> None:
+    """A str that is not valid Unicode text has no UTF-8 form: InvalidRecordError, never UnicodeEncodeError.
+
+    Checked on every way a key or value comes in (put, get, delete, the mapping methods,
+    a write batch), and the error is both a KvlogError and a ValueError.
+    """
+    for call in (
+        lambda: store.put(text, b"v"),
+        lambda: store.put(b"k", text),
+        lambda: store.put(text, text, sync=True),
+        lambda: store.get(text),
+        lambda: store.get(text, b"default"),
+        lambda: store.delete(text),
+        lambda: store.delete(text, sync=True),
+        lambda: store.__setitem__(b"k", text),
+        lambda: store[text],
+        lambda: store.__delitem__(text),
+        lambda: _batch(store, [("put", b"good", b"v"), ("put", text, b"v")]),
+        lambda: _batch(store, [("put", b"good", b"v"), ("put", b"k", text)]),
+        lambda: _batch(store, [("put", b"good", b"v"), ("delete", text, None)]),
+    ):
+        _rejected(store, InvalidRecordError, call)
+    with pytest.raises(ValueError, match="UTF-8"):
+        store.put(text, b"v")
+    assert text not in store
+    assert store.get(b"good") is None and store.get(b"k") is None
+
+
+@pytest.mark.parametrize("text", LONE_SURROGATES)
+def test_a_producer_batch_with_a_lone_surrogate_is_rejected_whole(tmp_path: Path, text: str) -> None:
+    """``Producer.append`` validates every record first: one bad str rejects the batch, nothing is appended."""
+    the_log = open_log(tmp_path / "log", partitions=2)
+    try:
+        producer = the_log.producer(5)
+        producer.append(0, [(b"first", b"1")], base_sequence=0)
+        version, end = the_log.version, the_log.end_offset(0)
+        for batch in ([(b"good", b"v"), (text, b"v")], [(b"good", b"v"), (b"k", text)],
+                      [(b"good", b"v"), (text, None, 7)]):
+            with pytest.raises(InvalidRecordError):
+                producer.append(0, batch, base_sequence=1)
+        assert (the_log.version, the_log.end_offset(0)) == (version, end)
+        assert producer.append(0, [(b"next", b"2")], base_sequence=1).base_offset == end
+        assert [(r.key, r.value) for r in the_log.read(0)] == [(b"first", b"1"), (b"next", b"2")]
+    finally:
+        the_log.close()
 
 
 def test_record_size_limit_is_key_plus_value(store: kvlog.Store) -> None:

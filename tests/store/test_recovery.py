@@ -20,6 +20,7 @@ import signal
 import subprocess
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from store_support import Root, child_env, python_script
@@ -119,3 +120,29 @@ def test_sigkill_loses_no_acknowledged_write_local(local_root: Root, tmp_path: o
 @pytest.mark.s3
 def test_sigkill_loses_no_acknowledged_write_s3(s3_store_root: Root, tmp_path: os.PathLike[str]) -> None:
     _recovery_rounds(s3_store_root, tmp_path, rounds=2, seed=2)
+
+
+def test_reopening_never_merges_pending_index_runs(tmp_path: Path) -> None:
+    """Opening applies what other writers committed meanwhile but leaves the key index's runs
+    pending (reads search them): reopening after a crash never waits for a merge, however
+    many runs the crashed writer and the others left."""
+    import kvlog
+
+    settings = {"background_compaction": False, "flush_interval_ms": 0, "partitions": 2,
+                "index_run_limit": 8}
+    root = tmp_path / "root"
+    crashed = kvlog.open(root, cache_dir=tmp_path / "cache", **settings)
+    for i in range(8):
+        crashed.put(f"a{i}".encode(), b"x", sync=True)
+    assert crashed.stats()["index_runs"] == 8
+    crashed.close(flush=False)  # as a crash leaves it: nothing merged
+    with kvlog.open(root, cache_dir=tmp_path / "other", **settings) as other:
+        for i in range(3):
+            other.put(f"b{i}".encode(), b"y", sync=True)
+    with kvlog.open(root, cache_dir=tmp_path / "cache", **settings) as reopened:
+        assert reopened.stats()["index_runs"] > 8  # applied, not merged
+        assert all(reopened.get(f"a{i}".encode()) == b"x" for i in range(8))
+        assert all(reopened.get(f"b{i}".encode()) == b"y" for i in range(3))
+        reopened.put(b"c", b"z", sync=True)  # the writer's own next commit merges them
+        assert reopened.stats()["index_runs"] == 0
+        assert reopened.check() == []

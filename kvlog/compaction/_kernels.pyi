@@ -1,0 +1,13 @@
+"""Types of the offset map's compiled loops (``_kernels.c``); see kvlog.compaction.kernels."""
+
+from typing import Any
+
+#: Any object with the buffer protocol: bytes, memoryview, a numpy array, an Arrow buffer.
+Buffer = Any
+
+def nh_fingerprints(data: Buffer, ends: Buffer, material: Buffer, first_mix: int, second_mix: int,
+                    hi_out: Buffer, lo_out: Buffer, /) -> None: ...
+def insert_rows(table: Buffer, slots: int, hi: Buffer, lo: Buffer, relative: Buffer, size: int,
+                capacity: int, /) -> tuple[int, int]: ...
+def lookup_rows(table: Buffer, slots: int, hi: Buffer, lo: Buffer, out: Buffer, /) -> None: ...
+def mapped_values(table: Buffer, out: Buffer, /) -> int: ...

@@ -1,0 +1,289 @@
+"""Races on the commit path: GC by condemnation, commits after a restore gap, checkpoints.
+
+Interleavings are made deterministic with a real ``LocalStorage`` subclass that runs a hook
+at one step (no mocks), as in ``test_gc_races.py`` and ``test_storage_behind.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import kvlog
+from kvlog.clock import ManualClock
+from kvlog.config import DAY_MS
+from kvlog.errors import KvlogError, StorageBehindError, StorageError
+from kvlog.storage import LocalStorage
+from kvlog.storage.base import BytesLike
+
+QUIET = {"background_compaction": False, "flush_interval_ms": 0, "partitions": 2}
+TWO_HOURS_S = 2 * 3600
+
+
+def _is_commit(name: str) -> bool:
+    return name.startswith("log/") and name.endswith(".json") and not name.endswith(".checkpoint.json")
+
+
+def _age_every_data_file(root: Path) -> None:
+    old = time.time() - TWO_HOURS_S
+    for path in (root / "data").rglob("*.arrow"):
+        os.utime(path, (old, old))
+
+
+def _copy_root(root: Path, to: Path) -> None:
+    shutil.copytree(root, to, ignore=shutil.ignore_patterns("cache"))
+
+
+def _restore(root: Path, backup: Path, dirs: tuple[str, ...] = ("log", "data")) -> None:
+    for name in dirs:
+        shutil.rmtree(root / name)
+        shutil.copytree(backup / name, root / name)
+
+
+# -- GC by condemnation: a condemnation is never forgotten ----------------------------------------
+
+class HookBeforeCommit(LocalStorage):
+    """Runs ``hook`` once, just before the next commit is written (after the writer built it)."""
+
+    hook: Callable[[], None] | None = None
+
+    def put_if_absent(self, name: str, data: BytesLike) -> None:
+        hook, self.hook = self.hook, None
+        if hook is not None and _is_commit(name):
+            hook()
+        super().put_if_absent(name, data)
+
+
+@pytest.mark.parametrize(
+    ("later_ms", "settings"),
+    [
+        pytest.param(8 * DAY_MS, {}, id="second-gc-8-days-later-default-retention"),
+        pytest.param(1_000, {"commit_retention_ms": 0}, id="second-gc-by-a-process-with-retention-0"),
+    ],
+)
+def test_a_writer_stalled_across_two_gc_runs_never_makes_live_a_file_gc_deleted(
+    tmp_path: Path, later_ms: int, settings: dict[str, int]
+) -> None:
+    """No commit ever makes live a file that GC deleted, however long the writer stalled:
+    GC 1 condemns and deletes the stalled flush's file; GC 2 runs days later, or from a process
+    with another ``commit_retention_ms``, and condemns another orphan; the stalled commit is
+    still refused, and the flush writes its file again."""
+    root = tmp_path / "root"
+    storage = HookBeforeCommit(root, fsync=False)
+    start = time.time_ns() // 1_000_000
+    with kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET) as store:
+        store.put(b"before", b"1", sync=True)
+
+        def stall() -> None:
+            _age_every_data_file(root)  # the stalled flush's file is old now
+            with kvlog.open(root, cache_dir=tmp_path / "gc1", **QUIET) as gc1:
+                assert gc1.gc()["orphans"] >= 1  # condemned and deleted
+            # Another orphan for the second GC to condemn (a crashed flush's file, say).
+            stray = next((root / "data").rglob("*.arrow")).parent / ("f" * 32 + ".arrow")
+            stray.write_bytes(b"x" * 100)
+            _age_every_data_file(root)
+            clock = ManualClock(start + later_ms)
+            with kvlog.open(root, cache_dir=tmp_path / "gc2", clock=clock, **{**QUIET, **settings}) as gc2:
+                gc2.gc()
+
+        storage.hook = stall
+        store.put(b"slow", b"acknowledged", sync=True)  # acknowledged
+    with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as reader:
+        assert reader.check() == []
+        assert reader.get(b"slow") == b"acknowledged"
+
+
+# -- A commit whose answer was lost is checked like any other ---------------------------------
+
+class RestoreThenLoseResponse(LocalStorage):
+    """Restores the root from ``backup`` just before the next commit is written, writes it, and
+    then loses the response (``timeout_after_success``)."""
+
+    backup: Path | None = None
+
+    def put_if_absent(self, name: str, data: BytesLike) -> None:
+        backup, self.backup = self.backup, None
+        if backup is None or not _is_commit(name):
+            super().put_if_absent(name, data)
+            return
+        _restore(self.root, backup)
+        super().put_if_absent(name, data)
+        raise StorageError(f"timed out writing {name} (it landed)")
+
+
+def test_a_commit_whose_answer_was_lost_is_not_acknowledged_after_a_restore_gap(tmp_path: Path) -> None:
+    """A commit that landed after a restore gap and whose answer was lost (found by reading
+    it back) is checked for its predecessor too: never acknowledged unless a fresh reader sees
+    it."""
+    root = tmp_path / "root"
+    storage = RestoreThenLoseResponse(root, fsync=False)
+    store = kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET)
+    acknowledged = False
+    try:
+        store.put(b"a", b"1", sync=True)
+        _copy_root(root, tmp_path / "backup")
+        store.put(b"b", b"2", sync=True)
+        store.put(b"c", b"3", sync=True)
+        storage.backup = tmp_path / "backup"
+        try:
+            store.put(b"d", b"4", sync=True)
+            acknowledged = True
+        except (StorageBehindError, StorageError):
+            pass  # not acknowledged: fine
+    finally:
+        store.close(flush=False)
+    with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as reader:
+        if acknowledged:
+            assert reader.get(b"d") == b"4", "an acknowledged write is invisible to every fresh reader"
+
+
+# -- A commit left after a gap never blocks the store ---------------------------------------------
+
+class RestoreOnCommitFailingTakeBack(LocalStorage):
+    """Restores the root from ``backup`` just before the next commit is written; the next
+    delete of a commit fails (a transient error: nothing deleted)."""
+
+    backup: Path | None = None
+    fail_commit_delete = False
+    after_restore: Callable[[], None] | None = None
+    restored_dirs: tuple[str, ...] = ("log", "data")
+
+    def put_if_absent(self, name: str, data: BytesLike) -> None:
+        backup, self.backup = self.backup, None
+        if backup is not None and _is_commit(name):
+            _restore(self.root, backup, self.restored_dirs)
+            self.fail_commit_delete = True
+            if self.after_restore is not None:
+                self.after_restore()
+        super().put_if_absent(name, data)
+
+    def delete(self, name: str) -> None:
+        if self.fail_commit_delete and _is_commit(name):
+            self.fail_commit_delete = False
+            raise StorageError(f"cannot delete {name}: service unavailable")
+        super().delete(name)
+
+
+def test_a_commit_left_after_a_gap_is_refused_and_the_store_goes_on(tmp_path: Path) -> None:
+    """A commit written after a restore gap whose take-back failed (or whose writer died before
+    taking it back) names a predecessor the root does not hold: once the versions before it
+    are written again, every reader refuses it as a no-op, and opens and writes go on."""
+    root = tmp_path / "root"
+    storage = RestoreOnCommitFailingTakeBack(root, fsync=False)
+    store = kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET)
+    try:
+        store.put(b"a", b"1", sync=True)
+        _copy_root(root, tmp_path / "backup")
+        store.put(b"b", b"2", sync=True)
+        store.put(b"c", b"3", sync=True)
+        storage.backup = tmp_path / "backup"
+        with pytest.raises(StorageBehindError):
+            store.put(b"d", b"4", sync=True)  # not acknowledged, but its take-back failed
+    finally:
+        store.close(flush=False)
+    # Life goes on on the restored root: a writer fills the versions up to the stray commit.
+    with kvlog.open(root, cache_dir=tmp_path / "writer", **QUIET) as writer:
+        for i in range(4):
+            try:
+                writer.put(f"w{i}".encode(), b"x", sync=True)
+            except KvlogError:
+                break
+    # Every later open must still work (the stray commit is not part of the history).
+    with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as reader:
+        assert reader.get(b"a") == b"1"
+        assert reader.get(b"d") is None
+    with kvlog.open(root, cache_dir=tmp_path / "fresh2", **QUIET) as again:
+        again.put(b"e", b"5", sync=True)
+        assert again.get(b"e") == b"5"
+
+
+# -- Readers that start from a checkpoint decide like readers that replayed --------------------
+
+def test_a_reader_from_a_checkpoint_refuses_a_commit_written_after_a_gap_like_every_reader(
+    tmp_path: Path,
+) -> None:
+    """A reader that starts from a checkpoint checks the first commit after it against the
+    checkpoint's commit, so a commit written after a restore gap is refused by it as by a
+    reader that replayed: readers of one root never disagree, and nobody sees a write its
+    writer was told was not acknowledged."""
+    root = tmp_path / "root"
+    storage = RestoreOnCommitFailingTakeBack(root, fsync=False)
+    # Only the log prefix is rolled back (data files are immutable, uniquely named objects):
+    # the stray commit's data file stays, so what differs is only which readers apply it.
+    storage.restored_dirs = ("log",)
+    store = kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET)
+    try:
+        store.put(b"a", b"1", sync=True)
+        _copy_root(root, tmp_path / "backup")
+        store.put(b"b", b"2", sync=True)
+        store.put(b"c", b"3", sync=True)
+
+        def another_writer_on_the_restored_root() -> None:
+            with kvlog.open(root, cache_dir=tmp_path / "writer", checkpoint_interval=1, **QUIET) as w:
+                w.put(b"w", b"x", sync=True)  # versions 3 (its producer) and 4, checkpointed
+
+        storage.after_restore = another_writer_on_the_restored_root
+        storage.backup = tmp_path / "backup"
+        with pytest.raises(StorageBehindError):
+            store.put(b"d", b"4", sync=True)  # lands at 5 after the restore; not acknowledged
+    finally:
+        store.close(flush=False)
+    assert sorted((root / "log").glob("*.checkpoint.json")), "the other writer checkpointed"
+    with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as fresh:
+        fresh_view = (fresh.log.version, fresh.get(b"d"))
+    try:
+        with kvlog.open(root, read_only=True, cache_dir=tmp_path / "writer") as replayed:
+            replayed_view: object = (replayed.log.version, replayed.get(b"d"))
+    except StorageBehindError as e:
+        replayed_view = e
+    assert fresh_view == replayed_view, "two readers of one root reached different states"
+    assert fresh_view[1] is None, "a fresh reader sees a write its writer was told was not acknowledged"
+
+
+# -- A writer behind the commit retention window ---------------------------------------------
+
+class HookOnDataRead(LocalStorage):
+    """Runs ``hook`` once, at the next read of a data file's range (a batch read)."""
+
+    hook: Callable[[], None] | None = None
+
+    def read_range(self, name: str, start: int, length: int) -> bytes:
+        hook, self.hook = self.hook, None
+        if hook is not None and name.startswith("data/"):
+            hook()
+        return super().read_range(name, start, length)
+
+
+def test_a_writer_behind_the_commit_retention_window_is_told_to_reopen_not_reloaded_in_place(
+    tmp_path: Path,
+) -> None:
+    """A writer whose head commit was collected by commit GC (it idled past
+    ``commit_retention_ms``) must not reload the checkpoint inside ``commit()``: that empties
+    the key index under concurrent reads. Its write is refused (nothing acknowledged), its
+    reads stay right, and reopening catches up."""
+    root = tmp_path / "root"
+    storage = HookOnDataRead(root, fsync=False)
+    settings = {**QUIET, "checkpoint_interval": 1, "commit_retention_ms": 0}
+    store = kvlog.open(storage, cache_dir=tmp_path / "cache", **settings)
+    try:
+        store.put(b"held", b"value", sync=True)
+        time.sleep(0.01)
+        with kvlog.open(root, cache_dir=tmp_path / "other", **settings) as other:
+            other.put(b"other", b"x", sync=True)
+            time.sleep(0.01)
+            other.put(b"other2", b"x", sync=True)
+            assert other.gc()["commits"] > 0  # the first writer's head commit is gone
+        with pytest.raises(StorageBehindError):
+            store.put(b"next", b"y", sync=True)
+        assert store.get(b"held") == b"value"
+    finally:
+        store.close(flush=False)
+    with kvlog.open(root, cache_dir=tmp_path / "cache", **settings) as again:
+        again.put(b"next", b"y", sync=True)
+        assert (again.get(b"held"), again.get(b"other2"), again.get(b"next")) == (b"value", b"x", b"y")
+        assert again.check() == []

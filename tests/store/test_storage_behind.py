@@ -1,0 +1,205 @@
+"""A writer whose cache is ahead of storage never acknowledges a write; check() sees damage.
+
+Commit names are taken with put-if-absent, which cannot tell a free name from a name whose
+commit vanished. A storage root restored from an older copy while a writer kept its cache
+used to let the writer acknowledge commits after a gap that no fresh reader crosses. The
+cache now records the newest commit it applied (version, id, checksum), the writer checks it
+is still in storage before each commit, and every commit names the one before it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import kvlog
+from kvlog.errors import StorageBehindError
+from kvlog.storage import LocalStorage
+from kvlog.storage.base import BytesLike
+
+QUIET = {"background_compaction": False, "flush_interval_ms": 0, "partitions": 2}
+
+
+def _copy_root(root: Path, to: Path) -> None:
+    shutil.copytree(root, to, ignore=shutil.ignore_patterns("cache"))
+
+
+def _restore(root: Path, backup: Path) -> None:
+    for name in ("log", "data"):
+        shutil.rmtree(root / name)
+        shutil.copytree(backup / name, root / name)
+
+
+def test_a_writer_refuses_to_write_after_its_root_was_restored_from_an_older_copy(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    store = kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET)
+    try:
+        store.put(b"a", b"1", sync=True)
+        _copy_root(root, tmp_path / "backup")
+        store.put(b"b", b"2", sync=True)
+        store.put(b"c", b"3", sync=True)
+        _restore(root, tmp_path / "backup")
+        with pytest.raises(StorageBehindError):
+            store.put(b"d", b"4", sync=True)  # would land after a gap: never acknowledged
+        findings = store.check()
+        assert any("missing from storage" in f for f in findings), findings
+    finally:
+        store.close(flush=False)
+    # Reopening rebuilds the cache from storage: the restored state, and writes work again.
+    with kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET) as again:
+        assert again.get(b"a") == b"1" and again.get(b"b") is None
+        again.put(b"e", b"5", sync=True)
+        assert again.check() == []
+    with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as reader:
+        assert reader.get(b"e") == b"5" and reader.get(b"a") == b"1"
+
+
+def test_a_writer_detects_a_history_rewritten_after_a_restore(tmp_path: Path) -> None:
+    """Restored, then another writer took the same version numbers: the first writer's cache
+    holds another history; it refuses to apply or write on it."""
+    root = tmp_path / "root"
+    store = kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET)
+    try:
+        store.put(b"a", b"1", sync=True)
+        _copy_root(root, tmp_path / "backup")
+        store.put(b"b", b"2", sync=True)
+        _restore(root, tmp_path / "backup")
+        with kvlog.open(root, cache_dir=tmp_path / "other", **QUIET) as other:
+            for i in range(3):
+                other.put(f"o{i}".encode(), b"x", sync=True)
+        with pytest.raises(StorageBehindError):
+            store.put(b"c", b"3", sync=True)
+    finally:
+        store.close(flush=False)
+    with kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET) as again:
+        assert again.get(b"o2") == b"x" and again.get(b"b") is None
+        assert again.check() == []
+
+
+def test_check_names_a_deleted_newest_commit(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    with kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET) as store:
+        store.put(b"k", b"v", sync=True)
+        newest = max((root / "log").glob("*[0-9].json"))
+        newest.unlink()
+        findings = store.check()
+        assert any(newest.name in f and "missing" in f for f in findings), findings
+
+
+def test_check_names_a_truncated_newest_commit(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    with kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET) as store:
+        store.put(b"k", b"v", sync=True)
+        newest = max((root / "log").glob("*[0-9].json"))
+        newest.write_bytes(newest.read_bytes()[:-7])
+        findings = store.check()
+        assert any(newest.name in f for f in findings), findings
+
+
+def test_check_names_a_data_file_with_a_flipped_byte_in_its_footer(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    with kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET) as store:
+        for i in range(100):
+            store.put(f"k{i}".encode(), b"v" * 50)
+        store.flush()
+        assert store.check() == []
+        (path,) = (root / "data").rglob("*.arrow")
+        data = bytearray(path.read_bytes())
+        data[-12] ^= 0x01  # inside the Arrow footer, which no batch read verifies
+        path.write_bytes(bytes(data))
+        findings = store.check()
+        assert any(path.name in f and "checksum" in f for f in findings), findings
+
+
+class _RestoreOnCommit(LocalStorage):
+    """A real local storage that restores the root from ``backup`` just before the next commit
+    is written: the restore lands between the writer's check and its commit."""
+
+    backup: Path | None = None
+
+    def put_if_absent(self, name: str, data: BytesLike) -> None:
+        backup, self.backup = self.backup, None
+        if backup is not None and name.startswith("log/") and name.endswith(".json"):
+            _restore(self.root, backup)
+        super().put_if_absent(name, data)
+
+
+def test_a_commit_that_lands_after_a_restore_is_taken_back_not_acknowledged(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    storage = _RestoreOnCommit(root, fsync=False)
+    store = kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET)
+    try:
+        store.put(b"a", b"1", sync=True)
+        _copy_root(root, tmp_path / "backup")
+        store.put(b"b", b"2", sync=True)
+        store.put(b"c", b"3", sync=True)
+        storage.backup = tmp_path / "backup"
+        with pytest.raises(StorageBehindError):
+            store.put(b"d", b"4", sync=True)  # landed after a gap: taken back, never acknowledged
+    finally:
+        store.close(flush=False)
+    with kvlog.open(root, cache_dir=tmp_path / "fresh", **QUIET) as fresh:
+        assert fresh.get(b"a") == b"1" and fresh.get(b"d") is None
+        fresh.put(b"e", b"5", sync=True)  # the version the taken-back commit had is free again
+        assert fresh.check() == []
+
+
+def test_a_checkpoint_without_its_commit_is_passed_over(tmp_path: Path) -> None:
+    """A checkpoint written by a cache that was ahead of a restored root names a commit the
+    root does not hold: openers use an older checkpoint (or the log) instead."""
+    root = tmp_path / "root"
+    settings = {**QUIET, "checkpoint_interval": 3}
+    with kvlog.open(root, cache_dir=tmp_path / "cache", **settings) as store:
+        for i in range(4):
+            store.put(f"k{i}".encode(), b"v", sync=True)
+    checkpoints = sorted((root / "log").glob("*.checkpoint.json"))
+    assert checkpoints
+    stray = root / "log" / "00000000000000000999.checkpoint.json"
+    stray.write_bytes(checkpoints[-1].read_bytes())
+    with kvlog.open(root, cache_dir=tmp_path / "fresh", **settings) as reader:
+        assert [reader.get(f"k{i}".encode()) for i in range(4)] == [b"v"] * 4
+        assert reader.check() == []
+
+
+def test_a_damaged_checkpoint_costs_replay_time_not_the_store(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    settings = {**QUIET, "checkpoint_interval": 3}
+    with kvlog.open(root, cache_dir=tmp_path / "cache", **settings) as store:
+        for i in range(7):
+            store.put(f"k{i}".encode(), b"v", sync=True)
+    newest = sorted((root / "log").glob("*.checkpoint.json"))[-1]
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0x20
+    newest.write_bytes(bytes(data))
+    with kvlog.open(root, cache_dir=tmp_path / "fresh", **settings) as reader:
+        assert [reader.get(f"k{i}".encode()) for i in range(7)] == [b"v"] * 7
+
+
+def test_gc_from_a_cache_ahead_of_a_restored_root_deletes_nothing(tmp_path: Path) -> None:
+    """The cache knows files that a compaction replaced after the backup: once the root is
+    restored they are live again, and GC from that cache must not delete them."""
+    import time
+
+    from kvlog.clock import ManualClock
+
+    root = tmp_path / "root"
+    clock = ManualClock(time.time_ns() // 1_000_000)
+    store = kvlog.open(root, cache_dir=tmp_path / "cache", clock=clock, file_delete_delay_ms=1_000, **QUIET)
+    try:
+        for i in range(20):
+            store.put(f"k{i}".encode(), b"v", sync=True)
+        _copy_root(root, tmp_path / "backup")
+        store.compact(force=True)  # replaces every file live in the backup
+        _restore(root, tmp_path / "backup")
+        clock.advance(10_000)
+        before = sorted(p.name for p in (root / "data").rglob("*.arrow"))
+        with pytest.raises(StorageBehindError):
+            store.gc()
+        assert sorted(p.name for p in (root / "data").rglob("*.arrow")) == before
+    finally:
+        store.close(flush=False)
+    with kvlog.open(root, cache_dir=tmp_path / "fresh", **QUIET) as reader:
+        assert [reader.get(f"k{i}".encode()) for i in range(20)] == [b"v"] * 20
+        assert reader.check() == []
