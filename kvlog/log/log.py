@@ -1,6 +1,6 @@
 """The log: a storage root, its commit log, and the metadata cache that replays it.
 
-Commit order, and why (DESIGN §4): a data file is written first, under a fresh
+Commit order, and why (see docs/log.rst): a data file is written first, under a fresh
 name nobody references; then ``log/<v+1>.json`` is created with put-if-absent,
 the single atomic switch that makes the file's batches live; then the commit
 is applied to the LMDB cache. A crash before the commit leaves an orphan file
@@ -614,7 +614,7 @@ class Log:
         return self.commit(build, own)
 
     def producer(self, producer_id: int | None = None, *, epoch: int | None = None) -> Producer:
-        """A producer handle (see API.md): a new id, a bumped epoch (fencing), or a resumed one."""
+        """A producer handle: a new id, a bumped epoch (fencing), or a resumed one."""
         self._check_open()
         if self.read_only:
             raise ReadOnlyError("the store is open read-only")

@@ -1,6 +1,6 @@
 """Crash recovery: a writer process killed with SIGKILL in the middle of a write stream.
 
-Guarantee 1 (DESIGN §10): every acknowledged write survives. The writer prints
+Guarantee 1 (docs/guarantees.rst): every acknowledged write survives. The writer prints
 each key once its write is acknowledged (after a batch exits, a sync put
 returns or flush() returns); after the kill every printed key must be readable
 with its value, no batch of 10 keys may be half visible (acknowledged or not),
