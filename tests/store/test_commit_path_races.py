@@ -6,13 +6,12 @@ at one step (no mocks), as in ``test_gc_races.py`` and ``test_storage_behind.py`
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from root_surgery import QUIET, age_every_data_file, copy_root, is_commit, restore_root
 
 import kvlog
 from kvlog.clock import ManualClock
@@ -20,30 +19,6 @@ from kvlog.config import DAY_MS
 from kvlog.errors import KvlogError, StorageBehindError, StorageError
 from kvlog.storage import LocalStorage
 from kvlog.storage.base import BytesLike
-
-QUIET = {"background_compaction": False, "flush_interval_ms": 0, "partitions": 2}
-TWO_HOURS_S = 2 * 3600
-
-
-def _is_commit(name: str) -> bool:
-    return name.startswith("log/") and name.endswith(".json") and not name.endswith(".checkpoint.json")
-
-
-def _age_every_data_file(root: Path) -> None:
-    old = time.time() - TWO_HOURS_S
-    for path in (root / "data").rglob("*.arrow"):
-        os.utime(path, (old, old))
-
-
-def _copy_root(root: Path, to: Path) -> None:
-    shutil.copytree(root, to, ignore=shutil.ignore_patterns("cache"))
-
-
-def _restore(root: Path, backup: Path, dirs: tuple[str, ...] = ("log", "data")) -> None:
-    for name in dirs:
-        shutil.rmtree(root / name)
-        shutil.copytree(backup / name, root / name)
-
 
 # -- GC by condemnation: a condemnation is never forgotten ----------------------------------------
 
@@ -54,7 +29,7 @@ class HookBeforeCommit(LocalStorage):
 
     def put_if_absent(self, name: str, data: BytesLike) -> None:
         hook, self.hook = self.hook, None
-        if hook is not None and _is_commit(name):
+        if hook is not None and is_commit(name):
             hook()
         super().put_if_absent(name, data)
 
@@ -80,13 +55,13 @@ def test_a_writer_stalled_across_two_gc_runs_never_makes_live_a_file_gc_deleted(
         store.put(b"before", b"1", sync=True)
 
         def stall() -> None:
-            _age_every_data_file(root)  # the stalled flush's file is old now
+            age_every_data_file(root)  # the stalled flush's file is old now
             with kvlog.open(root, cache_dir=tmp_path / "gc1", **QUIET) as gc1:
                 assert gc1.gc()["orphans"] >= 1  # condemned and deleted
             # Another orphan for the second GC to condemn (a crashed flush's file, say).
             stray = next((root / "data").rglob("*.arrow")).parent / ("f" * 32 + ".arrow")
             stray.write_bytes(b"x" * 100)
-            _age_every_data_file(root)
+            age_every_data_file(root)
             clock = ManualClock(start + later_ms)
             with kvlog.open(root, cache_dir=tmp_path / "gc2", clock=clock, **{**QUIET, **settings}) as gc2:
                 gc2.gc()
@@ -108,10 +83,10 @@ class RestoreThenLoseResponse(LocalStorage):
 
     def put_if_absent(self, name: str, data: BytesLike) -> None:
         backup, self.backup = self.backup, None
-        if backup is None or not _is_commit(name):
+        if backup is None or not is_commit(name):
             super().put_if_absent(name, data)
             return
-        _restore(self.root, backup)
+        restore_root(self.root, backup)
         super().put_if_absent(name, data)
         raise StorageError(f"timed out writing {name} (it landed)")
 
@@ -126,7 +101,7 @@ def test_a_commit_whose_answer_was_lost_is_not_acknowledged_after_a_restore_gap(
     acknowledged = False
     try:
         store.put(b"a", b"1", sync=True)
-        _copy_root(root, tmp_path / "backup")
+        copy_root(root, tmp_path / "backup")
         store.put(b"b", b"2", sync=True)
         store.put(b"c", b"3", sync=True)
         storage.backup = tmp_path / "backup"
@@ -155,15 +130,15 @@ class RestoreOnCommitFailingTakeBack(LocalStorage):
 
     def put_if_absent(self, name: str, data: BytesLike) -> None:
         backup, self.backup = self.backup, None
-        if backup is not None and _is_commit(name):
-            _restore(self.root, backup, self.restored_dirs)
+        if backup is not None and is_commit(name):
+            restore_root(self.root, backup, self.restored_dirs)
             self.fail_commit_delete = True
             if self.after_restore is not None:
                 self.after_restore()
         super().put_if_absent(name, data)
 
     def delete(self, name: str) -> None:
-        if self.fail_commit_delete and _is_commit(name):
+        if self.fail_commit_delete and is_commit(name):
             self.fail_commit_delete = False
             raise StorageError(f"cannot delete {name}: service unavailable")
         super().delete(name)
@@ -178,7 +153,7 @@ def test_a_commit_left_after_a_gap_is_refused_and_the_store_goes_on(tmp_path: Pa
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET)
     try:
         store.put(b"a", b"1", sync=True)
-        _copy_root(root, tmp_path / "backup")
+        copy_root(root, tmp_path / "backup")
         store.put(b"b", b"2", sync=True)
         store.put(b"c", b"3", sync=True)
         storage.backup = tmp_path / "backup"
@@ -219,7 +194,7 @@ def test_a_reader_from_a_checkpoint_refuses_a_commit_written_after_a_gap_like_ev
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET)
     try:
         store.put(b"a", b"1", sync=True)
-        _copy_root(root, tmp_path / "backup")
+        copy_root(root, tmp_path / "backup")
         store.put(b"b", b"2", sync=True)
         store.put(b"c", b"3", sync=True)
 

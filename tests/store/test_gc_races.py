@@ -13,21 +13,18 @@ runs GC, exactly what happens when a job stalls that long.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from root_surgery import QUIET, age_every_data_file
 
 import kvlog
 from kvlog.clock import ManualClock
 from kvlog.errors import ConfigError
 from kvlog.storage import LocalStorage
 from kvlog.storage.base import BytesLike
-
-QUIET = {"background_compaction": False, "flush_interval_ms": 0, "partitions": 2}
-TWO_HOURS_S = 2 * 3600
 
 
 class InterleavingStorage(LocalStorage):
@@ -42,15 +39,11 @@ class InterleavingStorage(LocalStorage):
         super().put_if_absent(name, data)
 
 
-def _age_every_data_file(root: Path) -> None:
-    old = time.time() - TWO_HOURS_S
-    for path in (root / "data").rglob("*.arrow"):
-        os.utime(path, (old, old))
 
 
 def _gc_by_another_writer(root: Path, cache: Path) -> Callable[[], None]:
     def run() -> None:
-        _age_every_data_file(root)
+        age_every_data_file(root)
         with kvlog.open(root, cache_dir=cache, **QUIET) as other:
             other.gc()
     return run
@@ -104,7 +97,7 @@ def test_gc_keeps_a_file_whose_commit_landed_first(tmp_path: Path) -> None:
         stale = kvlog.open(root, cache_dir=tmp_path / "stale", **QUIET)
         try:
             store.put(b"k2", b"v2", sync=True)
-            _age_every_data_file(root)
+            age_every_data_file(root)
             stale.gc()  # it catches up first; nothing live is an orphan
         finally:
             stale.close()

@@ -9,27 +9,15 @@ is still in storage before each commit, and every commit names the one before it
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
+from root_surgery import QUIET, copy_root, restore_root
 
 import kvlog
 from kvlog.errors import StorageBehindError
 from kvlog.storage import LocalStorage
 from kvlog.storage.base import BytesLike
-
-QUIET = {"background_compaction": False, "flush_interval_ms": 0, "partitions": 2}
-
-
-def _copy_root(root: Path, to: Path) -> None:
-    shutil.copytree(root, to, ignore=shutil.ignore_patterns("cache"))
-
-
-def _restore(root: Path, backup: Path) -> None:
-    for name in ("log", "data"):
-        shutil.rmtree(root / name)
-        shutil.copytree(backup / name, root / name)
 
 
 def test_a_writer_refuses_to_write_after_its_root_was_restored_from_an_older_copy(tmp_path: Path) -> None:
@@ -37,10 +25,10 @@ def test_a_writer_refuses_to_write_after_its_root_was_restored_from_an_older_cop
     store = kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET)
     try:
         store.put(b"a", b"1", sync=True)
-        _copy_root(root, tmp_path / "backup")
+        copy_root(root, tmp_path / "backup")
         store.put(b"b", b"2", sync=True)
         store.put(b"c", b"3", sync=True)
-        _restore(root, tmp_path / "backup")
+        restore_root(root, tmp_path / "backup")
         with pytest.raises(StorageBehindError):
             store.put(b"d", b"4", sync=True)  # would land after a gap: never acknowledged
         findings = store.check()
@@ -63,9 +51,9 @@ def test_a_writer_detects_a_history_rewritten_after_a_restore(tmp_path: Path) ->
     store = kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET)
     try:
         store.put(b"a", b"1", sync=True)
-        _copy_root(root, tmp_path / "backup")
+        copy_root(root, tmp_path / "backup")
         store.put(b"b", b"2", sync=True)
-        _restore(root, tmp_path / "backup")
+        restore_root(root, tmp_path / "backup")
         with kvlog.open(root, cache_dir=tmp_path / "other", **QUIET) as other:
             for i in range(3):
                 other.put(f"o{i}".encode(), b"x", sync=True)
@@ -122,7 +110,7 @@ class _RestoreOnCommit(LocalStorage):
     def put_if_absent(self, name: str, data: BytesLike) -> None:
         backup, self.backup = self.backup, None
         if backup is not None and name.startswith("log/") and name.endswith(".json"):
-            _restore(self.root, backup)
+            restore_root(self.root, backup)
         super().put_if_absent(name, data)
 
 
@@ -132,7 +120,7 @@ def test_a_commit_that_lands_after_a_restore_is_taken_back_not_acknowledged(tmp_
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET)
     try:
         store.put(b"a", b"1", sync=True)
-        _copy_root(root, tmp_path / "backup")
+        copy_root(root, tmp_path / "backup")
         store.put(b"b", b"2", sync=True)
         store.put(b"c", b"3", sync=True)
         storage.backup = tmp_path / "backup"
@@ -190,9 +178,9 @@ def test_gc_from_a_cache_ahead_of_a_restored_root_deletes_nothing(tmp_path: Path
     try:
         for i in range(20):
             store.put(f"k{i}".encode(), b"v", sync=True)
-        _copy_root(root, tmp_path / "backup")
+        copy_root(root, tmp_path / "backup")
         store.compact(force=True)  # replaces every file live in the backup
-        _restore(root, tmp_path / "backup")
+        restore_root(root, tmp_path / "backup")
         clock.advance(10_000)
         before = sorted(p.name for p in (root / "data").rglob("*.arrow"))
         with pytest.raises(StorageBehindError):
