@@ -10,6 +10,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 #: Options of a store with no background thread: every commit happens when a test says so.
 QUIET = {"background_compaction": False, "flush_interval_ms": 0, "partitions": 2}
@@ -38,3 +39,12 @@ def restore_root(root: Path, backup: Path, dirs: tuple[str, ...] = ("log", "data
     for name in dirs:
         shutil.rmtree(root / name)
         shutil.copytree(backup / name, root / name)
+
+
+def write_past_a_backup(store: Any, root: Path, backup: Path) -> None:
+    """Acknowledge ``a``, back the root up to ``backup``, then acknowledge ``b`` and ``c``:
+    restoring the backup later removes the last two writes' commits."""
+    store.put(b"a", b"1", sync=True)
+    copy_root(root, backup)
+    store.put(b"b", b"2", sync=True)
+    store.put(b"c", b"3", sync=True)

@@ -11,7 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from root_surgery import QUIET, age_every_data_file, copy_root, is_commit, restore_root
+from root_surgery import (
+    QUIET,
+    age_every_data_file,
+    is_commit,
+    restore_root,
+    write_past_a_backup,
+)
 
 import kvlog
 from kvlog.clock import ManualClock
@@ -100,10 +106,7 @@ def test_a_commit_whose_answer_was_lost_is_not_acknowledged_after_a_restore_gap(
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET)
     acknowledged = False
     try:
-        store.put(b"a", b"1", sync=True)
-        copy_root(root, tmp_path / "backup")
-        store.put(b"b", b"2", sync=True)
-        store.put(b"c", b"3", sync=True)
+        write_past_a_backup(store, root, tmp_path / "backup")
         storage.backup = tmp_path / "backup"
         try:
             store.put(b"d", b"4", sync=True)
@@ -152,10 +155,7 @@ def test_a_commit_left_after_a_gap_is_refused_and_the_store_goes_on(tmp_path: Pa
     storage = RestoreOnCommitFailingTakeBack(root, fsync=False)
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET)
     try:
-        store.put(b"a", b"1", sync=True)
-        copy_root(root, tmp_path / "backup")
-        store.put(b"b", b"2", sync=True)
-        store.put(b"c", b"3", sync=True)
+        write_past_a_backup(store, root, tmp_path / "backup")
         storage.backup = tmp_path / "backup"
         with pytest.raises(StorageBehindError):
             store.put(b"d", b"4", sync=True)  # not acknowledged, but its take-back failed
@@ -193,10 +193,7 @@ def test_a_reader_from_a_checkpoint_refuses_a_commit_written_after_a_gap_like_ev
     storage.restored_dirs = ("log",)
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET)
     try:
-        store.put(b"a", b"1", sync=True)
-        copy_root(root, tmp_path / "backup")
-        store.put(b"b", b"2", sync=True)
-        store.put(b"c", b"3", sync=True)
+        write_past_a_backup(store, root, tmp_path / "backup")
 
         def another_writer_on_the_restored_root() -> None:
             with kvlog.open(root, cache_dir=tmp_path / "writer", checkpoint_interval=1, **QUIET) as w:

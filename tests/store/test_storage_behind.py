@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from root_surgery import QUIET, copy_root, restore_root
+from root_surgery import QUIET, copy_root, restore_root, write_past_a_backup
 
 import kvlog
 from kvlog.errors import StorageBehindError
@@ -24,10 +24,7 @@ def test_a_writer_refuses_to_write_after_its_root_was_restored_from_an_older_cop
     root = tmp_path / "root"
     store = kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET)
     try:
-        store.put(b"a", b"1", sync=True)
-        copy_root(root, tmp_path / "backup")
-        store.put(b"b", b"2", sync=True)
-        store.put(b"c", b"3", sync=True)
+        write_past_a_backup(store, root, tmp_path / "backup")
         restore_root(root, tmp_path / "backup")
         with pytest.raises(StorageBehindError):
             store.put(b"d", b"4", sync=True)  # would land after a gap: never acknowledged
@@ -119,10 +116,7 @@ def test_a_commit_that_lands_after_a_restore_is_taken_back_not_acknowledged(tmp_
     storage = _RestoreOnCommit(root, fsync=False)
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET)
     try:
-        store.put(b"a", b"1", sync=True)
-        copy_root(root, tmp_path / "backup")
-        store.put(b"b", b"2", sync=True)
-        store.put(b"c", b"3", sync=True)
+        write_past_a_backup(store, root, tmp_path / "backup")
         storage.backup = tmp_path / "backup"
         with pytest.raises(StorageBehindError):
             store.put(b"d", b"4", sync=True)  # landed after a gap: taken back, never acknowledged
