@@ -7,7 +7,7 @@ from typing import Any
 from kvlog.errors import CorruptDataError, StorageBehindError, StorageError
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import decode_commit
-from kvlog.log.log import Log
+from kvlog.log import Log
 from kvlog.log.naming import commit_name
 from kvlog.log.reader import records_of_batch
 from kvlog.meta import MetaReader

@@ -184,7 +184,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     # A job needs no producer: opening a Store would take over (fence) the producer of an
     # application using the same cache, so the compactor runs on the log alone.
     from kvlog.compaction import Compactor
-    from kvlog.log.log import open_log
+    from kvlog.log import open_log
 
     the_log = open_log(args.uri, create=False, storage_options=args.storage_options)
     try:

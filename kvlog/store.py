@@ -21,8 +21,8 @@ from kvlog.compaction import CompactionReport, Compactor
 from kvlog.config import KEY_BYTES_LIMIT, StoreConfig
 from kvlog.errors import InvalidRecordError, ReadOnlyError, StoreClosedError
 from kvlog.index import TOMBSTONE, MemTable, merge_sorted
+from kvlog.log import Log, open_log
 from kvlog.log.flusher import Flusher
-from kvlog.log.log import Log, open_log
 from kvlog.log.records import Record, to_key, to_value
 from kvlog.meta import IndexEntry, MetaReader, MetaTxn
 from kvlog.meta.cache import (
@@ -347,7 +347,7 @@ class Store:
         pre = None if prefix is None else _bound(prefix)
         self._maybe_refresh()
         # Take the memtable and the LMDB snapshot with no apply in between: one consistent view.
-        with self.log._apply_lock:
+        with self.log.apply_lock:
             front = self._memtable.items_in_range(lo, hi, pre)
             reader = self.log.reader()
         if not front and not reverse:
@@ -443,7 +443,7 @@ class Store:
     def __len__(self) -> int:
         self._check_open()
         self._maybe_refresh()
-        with self.log._apply_lock:
+        with self.log.apply_lock:
             front = self._memtable.items_in_range(None, None, None)
             reader = self.log.reader()
         try:

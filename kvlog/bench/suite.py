@@ -60,7 +60,7 @@ from kvlog.bench.recovery import (
 )
 from kvlog.clock import SystemClock
 from kvlog.config import StoreConfig
-from kvlog.log.log import open_log
+from kvlog.log import open_log
 
 __all__ = ["Settings", "FULL", "QUICK", "TINY", "run_suite", "SCHEMA"]
 

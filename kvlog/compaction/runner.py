@@ -30,7 +30,7 @@ from kvlog.config import StoreConfig
 from kvlog.errors import KvlogError
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import BatchEntry, Commit, FileEntry
-from kvlog.log.log import Log
+from kvlog.log import Log
 from kvlog.log.naming import data_file_name
 from kvlog.memory import release_unused_memory
 from kvlog.meta import MetaReader

@@ -25,11 +25,20 @@ from kvlog.format.datafile import (
 )
 from kvlog.format.envelope import FORMAT_VERSION, decode_document, encode_document
 from kvlog.format.identity import IDENTITY_NAME, Identity, decode_identity, encode_identity
+from kvlog.format.producer_state import (
+    BatchMeta,
+    PartitionProducerState,
+    ProducerState,
+    producer_from_json,
+    producer_to_json,
+)
 
 __all__ = [
     "COMMIT_KINDS", "FORMAT_VERSION", "IDENTITY_NAME", "SCHEMA",
-    "BatchEntry", "BatchLocation", "Commit", "DataFileWriter", "FileEntry", "Identity",
+    "BatchEntry", "BatchLocation", "BatchMeta", "Commit", "DataFileWriter", "FileEntry", "Identity",
+    "PartitionProducerState", "ProducerState",
     "crc32c", "decode_batch", "decode_commit", "decode_document", "decode_identity",
     "decode_offsets", "encode_commit", "encode_document", "encode_identity", "encode_offsets",
-    "file_from_json", "file_to_json", "make_record_batch", "read_data_file",
+    "file_from_json", "file_to_json", "make_record_batch", "producer_from_json",
+    "producer_to_json", "read_data_file",
 ]

@@ -35,7 +35,8 @@ from kvlog.format.columns import binary_column, int64_column
 from kvlog.format.datafile import SCHEMA
 from kvlog.index import TOMBSTONE, MemTable
 from kvlog.log._writebuffer import WriteBuffer
-from kvlog.log.log import Log, PendingBatch
+from kvlog.log.append import PendingBatch
+from kvlog.log.log import Log
 from kvlog.log.producers import SEQUENCE_MODULUS
 from kvlog.memory import release_unused_memory
 

@@ -29,24 +29,19 @@ shrink it and it survives restarts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, replace
 
 from kvlog.errors import OutOfOrderSequenceError, ProducerError, ProducerFencedError
+from kvlog.format.producer_state import BatchMeta, PartitionProducerState, ProducerState
 
 __all__ = [
     "SEQUENCE_MODULUS",
     "WINDOW",
-    "BatchMeta",
-    "PartitionProducerState",
-    "ProducerState",
     "Decision",
     "last_sequence",
     "check_batch",
     "accept_batch",
     "register_epoch",
-    "producer_to_json",
-    "producer_from_json",
 ]
 
 SEQUENCE_MODULUS = 2**31
@@ -56,43 +51,6 @@ WINDOW = 5
 def last_sequence(first_sequence: int, count: int) -> int:
     """The sequence of a batch's last record; sequences wrap after 2^31 - 1."""
     return (first_sequence + count - 1) % SEQUENCE_MODULUS
-
-
-@dataclass(frozen=True)
-class BatchMeta:
-    """What the producer window remembers of an accepted batch."""
-
-    first_sequence: int
-    last_sequence: int
-    first_offset: int
-    last_offset: int
-    timestamp_ms: int
-    digest: int | None = None
-    """The batch's content digest (:func:`kvlog.format.datafile.content_digest`); None when
-    the commit that added it carried none."""
-
-
-@dataclass
-class PartitionProducerState:
-    """One producer's state on one partition."""
-
-    epoch: int
-    last_ms: int
-    batches: list[BatchMeta] = field(default_factory=list)
-
-
-@dataclass
-class ProducerState:
-    """One producer's state: its newest epoch and its per-partition windows."""
-
-    producer_id: int
-    epoch: int
-    last_ms: int
-    partitions: dict[int, PartitionProducerState] = field(default_factory=dict)
-
-    def expired(self, now_ms: int, expiration_ms: int) -> bool:
-        """Whether the producer has been idle longer than ``expiration_ms`` at ``now_ms``."""
-        return now_ms - self.last_ms > expiration_ms
 
 
 @dataclass(frozen=True)
@@ -177,16 +135,12 @@ def accept_batch(
     """The state after accepting ``meta`` (a batch :func:`check_batch` accepted)."""
     if state is None or state.expired(now_ms, expiration_ms):
         state = ProducerState(producer_id, epoch, now_ms)
-    state.epoch = max(state.epoch, epoch)
-    state.last_ms = max(state.last_ms, now_ms)
     part = state.partitions.get(partition)
     if part is None or part.epoch != epoch or now_ms - part.last_ms > expiration_ms:
         part = PartitionProducerState(epoch, now_ms)
-        state.partitions[partition] = part
-    part.batches.append(meta)
-    del part.batches[:-WINDOW]
-    part.last_ms = max(part.last_ms, now_ms)
-    return state
+    part = PartitionProducerState(part.epoch, max(part.last_ms, now_ms), (*part.batches, meta)[-WINDOW:])
+    return replace(state, epoch=max(state.epoch, epoch), last_ms=max(state.last_ms, now_ms),
+                   partitions={**state.partitions, partition: part})
 
 
 def register_epoch(
@@ -202,49 +156,4 @@ def register_epoch(
         raise ProducerFencedError(
             f"producer {producer_id} epoch {epoch} is not newer than the current epoch {state.epoch}"
         )
-    state.epoch = epoch
-    state.last_ms = max(state.last_ms, now_ms)
-    return state
-
-
-def producer_to_json(state: ProducerState) -> dict[str, Any]:
-    """A JSON object of ``state`` (for the metadata cache and checkpoints)."""
-    return {
-        "id": state.producer_id,
-        "epoch": state.epoch,
-        "last_ms": state.last_ms,
-        "parts": {
-            str(p): {
-                "epoch": s.epoch,
-                "last_ms": s.last_ms,
-                "batches": [
-                    [b.first_sequence, b.last_sequence, b.first_offset, b.last_offset, b.timestamp_ms]
-                    + ([] if b.digest is None else [b.digest])
-                    for b in s.batches
-                ],
-            }
-            for p, s in sorted(state.partitions.items())
-        },
-    }
-
-
-def producer_from_json(obj: dict[str, Any]) -> ProducerState:
-    """The state of :func:`producer_to_json`."""
-    return ProducerState(
-        producer_id=int(obj["id"]),
-        epoch=int(obj["epoch"]),
-        last_ms=int(obj["last_ms"]),
-        partitions={
-            int(p): PartitionProducerState(
-                int(s["epoch"]), int(s["last_ms"]), [_batch_meta(b) for b in s["batches"]]
-            )
-            for p, s in obj["parts"].items()
-        },
-    )
-
-
-def _batch_meta(fields: list[Any]) -> BatchMeta:
-    """A window entry of :func:`producer_to_json` (five integers, and the digest when known)."""
-    first, last, first_offset, last_offset, stamp = (int(x) for x in fields[:5])
-    digest = int(fields[5]) if len(fields) > 5 else None
-    return BatchMeta(first, last, first_offset, last_offset, stamp, digest)
+    return replace(state, epoch=epoch, last_ms=max(state.last_ms, now_ms))

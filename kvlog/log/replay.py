@@ -33,9 +33,8 @@ import pyarrow as pa
 
 from kvlog.errors import KvlogError, ProducerError
 from kvlog.format.commit import BatchEntry, Commit, FileEntry
+from kvlog.format.producer_state import BatchMeta, ProducerState
 from kvlog.log.producers import (
-    BatchMeta,
-    ProducerState,
     accept_batch,
     check_batch,
     last_sequence,

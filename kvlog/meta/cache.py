@@ -53,7 +53,7 @@ from kvlog.errors import CorruptDataError
 from kvlog.format.checksum import crc32c
 from kvlog.format.columns import INDEX_HEAD_BYTES as _PACKED_HEAD_BYTES
 from kvlog.format.columns import binary_ends, index_pairs, int64_column, latest_rows, valid_mask
-from kvlog.log.producers import ProducerState, producer_from_json, producer_to_json
+from kvlog.format.producer_state import ProducerState, producer_from_json, producer_to_json
 from kvlog.meta import _runs
 from kvlog.meta.env import CACHE_LAYOUT, LMDB_ERROR, CacheDamage, LmdbEnv, seal, unseal
 from kvlog.meta.keys import DIRECT_KEY_BYTES, encode_index_key, is_long_encoded

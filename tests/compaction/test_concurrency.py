@@ -13,7 +13,7 @@ import kvlog
 from kvlog import ManualClock
 from kvlog.compaction import Compactor
 from kvlog.config import StoreConfig
-from kvlog.log.log import open_log
+from kvlog.log import open_log
 from kvlog.storage import LocalStorage
 from kvlog.testing import FaultPlan, FaultyStorage
 

@@ -10,7 +10,7 @@ import pytest
 
 from kvlog.clock import Clock, IdSource, ManualClock, SeededIdSource
 from kvlog.config import StoreConfig
-from kvlog.log.log import Log, open_log
+from kvlog.log import Log, open_log
 from kvlog.storage import LocalStorage, Storage
 
 #: A factory of logs: ``make_log(storage_or_root, cache_dir, **settings)``.

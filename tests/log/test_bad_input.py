@@ -9,7 +9,7 @@ import pytest
 
 import kvlog
 from kvlog.errors import InvalidRecordError, KvlogError
-from kvlog.log.log import Log
+from kvlog.log import Log
 
 PARTS = 4
 MAX_KEY = 64

@@ -24,8 +24,8 @@ from kvlog.check import check_store
 from kvlog.clock import ManualClock, SeededIdSource
 from kvlog.config import StoreConfig
 from kvlog.errors import CommitConflictError
-from kvlog.log.log import Log, open_log
-from kvlog.log.producers import producer_to_json
+from kvlog.format.producer_state import producer_to_json
+from kvlog.log import Log, open_log
 from kvlog.log.records import AppendResult, partition_for_key
 from kvlog.meta import MetaReader
 from kvlog.storage import ForwardStream, LocalStorage, ObjectInfo, Storage, open_storage

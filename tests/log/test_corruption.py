@@ -11,7 +11,7 @@ import pytest
 import kvlog
 from kvlog.check import check_store
 from kvlog.errors import CorruptDataError, KvlogError
-from kvlog.log.log import Log
+from kvlog.log import Log
 from kvlog.log.naming import checkpoint_name, commit_name
 from kvlog.log.records import partition_for_key
 

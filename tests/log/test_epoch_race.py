@@ -26,7 +26,7 @@ import kvlog
 from kvlog.clock import ManualClock, SeededIdSource
 from kvlog.config import StoreConfig
 from kvlog.errors import ProducerFencedError
-from kvlog.log.log import Log, open_log
+from kvlog.log import Log, open_log
 from kvlog.storage import LocalStorage
 from kvlog.storage.base import BytesLike
 

@@ -23,12 +23,13 @@ from typing import Any
 
 import pytest
 
-import kvlog.log.log as log_module
+import kvlog.log.append as append_module
+import kvlog.log.committer as committer_module
 from kvlog.check import check_store
 from kvlog.clock import ManualClock, SeededIdSource
 from kvlog.config import StoreConfig
 from kvlog.errors import CommitStateUnknownError, KvlogError, StorageError
-from kvlog.log.log import Log, Producer, open_log
+from kvlog.log import Log, Producer, open_log
 from kvlog.log.naming import commit_name
 from kvlog.log.records import AppendResult, partition_for_key
 from kvlog.storage import LocalStorage
@@ -130,7 +131,7 @@ def resend_and_verify(the_log: Log, acked: dict[int, AppendResult], *, replay_de
         version = the_log.version
         with pytest.MonkeyPatch.context() as patch:
             if replay_decides:
-                patch.setattr(Log, "_known_duplicates", lambda *_args: None)
+                patch.setattr(append_module, "_known_duplicates", lambda *_args: None)
             result = producer.append(b.partition, b.records, base_sequence=b.base_sequence)
         assert the_log.version == version + (0 if result.duplicate and not replay_decides else 1)
         if i in acked:
@@ -273,7 +274,7 @@ def test_crash_after_the_commit_before_the_lmdb_apply(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: str
 ) -> None:
     """The commit landed, the process died inside the LMDB transaction that applies it."""
-    real = log_module.apply_commit
+    real = committer_module.apply_commit
     applies = len(BATCHES) + 1  # the registration and each append
     for nth in range(1, applies + 1):
         calls = {"n": 0}
@@ -284,10 +285,10 @@ def test_crash_after_the_commit_before_the_lmdb_apply(
                 raise SimulatedCrash(f"apply #{_nth}")
             return real(*args)
 
-        monkeypatch.setattr(log_module, "apply_commit", crashing)
+        monkeypatch.setattr(committer_module, "apply_commit", crashing)
         directory = tmp_path / f"{nth}-{cache}"
         _faulty, run = _inject(FaultPlan(), directory)
-        monkeypatch.setattr(log_module, "apply_commit", real)
+        monkeypatch.setattr(committer_module, "apply_commit", real)
         assert isinstance(run.failure, SimulatedCrash)
         assert len(run.acked) == max(nth - 2, 0)
         # The commit is on storage, but the cache never saw it.

@@ -18,9 +18,9 @@ from kvlog.clock import ManualClock, SeededIdSource
 from kvlog.format.bitmap import encode_offsets
 from kvlog.format.commit import Commit
 from kvlog.format.datafile import make_record_batch
-from kvlog.log.log import Log, open_log
+from kvlog.format.producer_state import producer_to_json
+from kvlog.log import Log, open_log
 from kvlog.log.naming import checkpoint_name, commit_name
-from kvlog.log.producers import producer_to_json
 from kvlog.log.records import partition_for_key
 from kvlog.meta import MetaReader
 from kvlog.storage import LocalStorage

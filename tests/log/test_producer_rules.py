@@ -5,7 +5,7 @@ Three layers of tests:
 * explicit examples of every rule against the pure functions ``check_batch``/``accept_batch``;
 * a property test that drives the pure functions and a small reference model written here
   (over the full history of accepted batches, not a 5-slot window) with the same operations;
-* the same model against a real :class:`~kvlog.log.log.Log` on local storage with real LMDB,
+* the same model against a real :class:`~kvlog.log.Log` on local storage with real LMDB,
   as a hypothesis state machine that also restarts the log (same or fresh cache) and moves an
   injected clock past ``producer_id_expiration_ms``; plus explicit Log examples.
 """
@@ -33,18 +33,20 @@ from kvlog.errors import (
     ProducerFencedError,
 )
 from kvlog.format.commit import decode_commit
-from kvlog.log.log import Log, Producer, open_log
+from kvlog.format.producer_state import (
+    BatchMeta,
+    ProducerState,
+    producer_from_json,
+    producer_to_json,
+)
+from kvlog.log import Log, Producer, open_log
 from kvlog.log.naming import commit_name
 from kvlog.log.producers import (
     SEQUENCE_MODULUS,
     WINDOW,
-    BatchMeta,
-    ProducerState,
     accept_batch,
     check_batch,
     last_sequence,
-    producer_from_json,
-    producer_to_json,
     register_epoch,
 )
 from kvlog.storage import LocalStorage

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import kvlog
+import kvlog.log.append as append_module
 import spark_ext
 from kvlog.errors import ConfigError, StoreNotFoundError
 
@@ -159,7 +160,7 @@ def test_a_resent_duplicate_batch_is_never_read(spark: Any, kv: Any, tmp_path: P
         files_before = kv.data_files_on_disk(path)
         # The resend misses the early duplicate check (as after a lost acknowledgement in
         # another process): its batch is written to a new data file and committed.
-        monkeypatch.setattr(the_log, "_known_duplicates", lambda *args, **kwargs: None)
+        monkeypatch.setattr(append_module, "_known_duplicates", lambda *args, **kwargs: None)
         again = producer.append(2, records, base_sequence=0)
         assert again.duplicate and (again.base_offset, again.last_offset) == (first.base_offset, first.last_offset)
         new_files = kv.data_files_on_disk(path) - files_before

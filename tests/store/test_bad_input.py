@@ -16,7 +16,7 @@ from store_support import EXPLICIT_FLUSH, Root
 
 import kvlog
 from kvlog.errors import InvalidRecordError, KvlogError, ReadOnlyError, StoreClosedError
-from kvlog.log.log import open_log
+from kvlog.log import open_log
 
 MAX_RECORD = 10_000
 

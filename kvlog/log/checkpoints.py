@@ -1,0 +1,175 @@
+"""Checkpoints: the whole metadata at one version, so openers need not replay every commit.
+
+``log/<v>.checkpoint.json`` holds the catalog (live files and batches, partition
+ends, producers, pending and condemned paths, cleaner state) as the cache had it
+after applying commit ``v``, and the id of that commit. A checkpoint is written
+after its commit and only while storage still holds the history the cache
+applied; an opener passes over a checkpoint whose commit is missing or another
+one (it describes a history the root no longer holds). The key index is never
+checkpointed: it is rebuilt from the live data at the newest version.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from kvlog.errors import CorruptDataError, KvlogError
+from kvlog.format.checksum import crc32c
+from kvlog.format.commit import decode_commit
+from kvlog.format.envelope import decode_document, encode_document
+from kvlog.format.producer_state import producer_from_json, producer_to_json
+from kvlog.log.naming import LOG_PREFIX, checkpoint_name, commit_name, parse_log_name
+from kvlog.meta import MetaReader, MetaTxn
+from kvlog.storage import Storage
+
+if TYPE_CHECKING:
+    from kvlog.log.log import Log
+
+__all__ = ["load_checkpoint", "maybe_checkpoint", "newest_checkpoint", "write_checkpoint"]
+
+log = logging.getLogger("kvlog.log")
+
+
+def maybe_checkpoint(the_log: Log) -> None:
+    """Write a checkpoint when ``checkpoint_interval`` commits were applied since the last one."""
+    last = the_log.snapshot(lambda r: r.get_meta("checkpoint_version"))
+    last_version = int(last) if last else 0
+    if the_log.version - last_version >= the_log.config.checkpoint_interval:
+        try:
+            write_checkpoint(the_log)
+        except KvlogError as e:
+            # The commit that triggered it is durable and applied: a checkpoint only saves
+            # later openers replay time, and the next commit tries again.
+            log.warning("could not write a checkpoint (the next commit retries): %s", e)
+
+
+def write_checkpoint(the_log: Log) -> int:
+    """Write the full metadata at the applied version as ``log/<version>.checkpoint.json``."""
+    body = the_log.snapshot(_checkpoint_body)
+    version = int(body["version"])
+    # A checkpoint describes this cache's history: write it only while storage still holds
+    # that history (a checkpoint of a history a restore removed would mislead every opener).
+    body["commit_id"] = the_log.verify_head(version)
+    try:
+        the_log.storage.put_if_absent(checkpoint_name(version), encode_document("checkpoint", body))
+    except FileExistsError:
+        pass
+    interval = the_log.config.checkpoint_interval
+
+    def record(txn: Any) -> None:
+        meta = MetaTxn(the_log.env, txn)
+        meta.put_meta("checkpoint_version", str(version).encode())
+        # Outcomes are only needed by a committer that is still waiting for its commit.
+        meta.prune_outcomes(version - interval)
+
+    the_log.env.write(record)
+    return version
+
+
+def load_checkpoint(the_log: Log, version: int) -> None:
+    """Replace the metadata cache with checkpoint ``version``, replay the commits after it,
+    then rebuild the key index from the live data.
+
+    The index is rebuilt at the newest version, never at the checkpoint's: files live at
+    an old checkpoint may have been replaced and deleted since.
+    """
+    name = checkpoint_name(version)
+    body = decode_document(name, the_log.storage.read(name), "checkpoint")
+    head = _checkpoint_commit(the_log.storage, version, body)
+    if head is None:
+        raise CorruptDataError(name, f"its commit {commit_name(version)} is missing or another "
+                               "commit: a checkpoint of a history the root no longer holds")
+
+    def load(txn: Any) -> None:
+        meta = MetaTxn(the_log.env, txn)
+        kept = {key: meta.get_meta(key) for key in ("uuid", "store_producer_id")}
+        meta.clear()
+        for key, value in kept.items():
+            if value is not None:
+                meta.put_meta(key, value)
+        _load_checkpoint_body(meta, name, body)
+        meta.set_applied_commit(version, head[0], head[1])  # later commits' ``prev`` is checked
+        meta.put_meta("index_ready", b"0")
+
+    the_log.env.write(load)
+    the_log.refresh()  # indexes nothing while the index is marked not ready
+    if the_log.maintain_index:
+        the_log.rebuild_index()
+
+
+def newest_checkpoint(storage: Storage) -> int:
+    """The version of the newest checkpoint in ``storage`` whose commit is present (0: none).
+
+    A checkpoint is written after its commit, and commit GC keeps the newest checkpoint's
+    commit, so a checkpoint without its commit describes a history the root no longer holds
+    (written by a cache that was ahead of a restored root): it is passed over.
+    """
+    names = {info.name for info in storage.list(LOG_PREFIX)}
+    versions = sorted((parsed[0] for parsed in map(parse_log_name, names)
+                       if parsed and parsed[1] == "checkpoint"), reverse=True)
+    for version in versions:
+        if commit_name(version) in names:
+            return version
+    return 0
+
+
+def _checkpoint_body(r: MetaReader) -> dict[str, Any]:
+    files = dict(r.iter_files())
+    batches = []
+    for _fid, entry in files.items():
+        for p, last in entry["batches"]:
+            b = r.find_batch(p, last)
+            if b is not None:
+                batches.append(b)
+    parts = {str(p): info for p, info in r.iter_partitions()}
+    cleaner = {str(p): state for p, state in r.iter_cleaner()}
+    return {
+        "version": r.version(),
+        "last_commit_ms": r.last_commit_ms(),
+        "files": files,
+        "batches": batches,
+        "parts": parts,
+        "producers": [producer_to_json(s) for s in r.iter_producers()],
+        "pending": dict(r.iter_pending()),
+        "condemned": dict(r.iter_condemned()),
+        "cleaner": cleaner,
+    }
+
+
+def _load_checkpoint_body(meta: MetaTxn, name: str, body: dict[str, Any]) -> None:
+    try:
+        for fid, entry in body["files"].items():
+            meta.put_file(fid, entry)
+        for b in body["batches"]:
+            meta.put_batch(int(b["p"]), int(b["last"]), b)
+        for p, info in body["parts"].items():
+            meta.put_partition(int(p), info)
+        for p, state in body["cleaner"].items():
+            meta.put_cleaner(int(p), state)
+        for obj in body["producers"]:
+            meta.put_producer(producer_from_json(obj))
+        for path, due in body["pending"].items():
+            meta.put_pending(path, int(due))
+        for path, at in body.get("condemned", {}).items():
+            meta.put_condemned(path, int(at))
+        meta.set_version(int(body["version"]))
+        meta.set_last_commit_ms(int(body["last_commit_ms"]))
+        meta.put_meta("checkpoint_version", str(int(body["version"])).encode())
+    except (KeyError, TypeError, ValueError) as e:
+        raise CorruptDataError(name, f"malformed checkpoint ({e})") from None
+
+
+def _checkpoint_commit(storage: Storage, version: int, body: dict[str, Any]) -> tuple[str, int] | None:
+    """``(id, CRC32C)`` of the commit storage holds at ``version``, if checkpoint ``version``
+    describes it (None: that commit is missing or another one)."""
+    name = commit_name(version)
+    try:
+        data = storage.read(name)
+    except FileNotFoundError:
+        return None
+    commit_id = decode_commit(name, data).commit_id
+    recorded = body.get("commit_id")
+    if recorded is not None and recorded != commit_id:  # older checkpoints do not name it
+        return None
+    return commit_id, crc32c(data)

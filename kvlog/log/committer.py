@@ -1,0 +1,315 @@
+"""The commit protocol: taking the next version with put-if-absent, and applying commits.
+
+A commit is written as ``log/<v+1>`` with put-if-absent, the single atomic switch
+that makes what it describes live; then every commit up to it is applied to the
+metadata cache, in version order, by the deterministic rules of
+:mod:`kvlog.log.replay`. A writer learns what its commit decided (its outcome)
+from the cache after applying it, exactly as every other reader does.
+
+Around the switch, the committer checks that storage still holds the history the
+cache applied (see :meth:`Committer.verify_head`): put-if-absent cannot tell a
+free name from one whose commit vanished (a root restored from an older copy).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from kvlog.errors import (
+    CommitConflictError,
+    CommitStateUnknownError,
+    CorruptDataError,
+    KvlogError,
+    ReadOnlyError,
+    StorageBehindError,
+    StorageError,
+)
+from kvlog.format.checksum import crc32c
+from kvlog.format.commit import Commit, FileEntry, decode_commit, encode_commit
+from kvlog.format.datafile import decode_batch, make_record_batch
+from kvlog.log.checkpoints import newest_checkpoint
+from kvlog.log.naming import commit_name
+from kvlog.log.replay import apply_commit, apply_stray
+from kvlog.meta import MetaTxn
+
+if TYPE_CHECKING:
+    from kvlog.log.log import Log
+
+__all__ = ["Committer", "OwnBatches"]
+
+log = logging.getLogger("kvlog.log")
+
+#: The record batches a writer already holds for its own commit, by (file id, batch index):
+#: applying that commit indexes them without reading the file back.
+OwnBatches = dict[tuple[str, int], pa.RecordBatch]
+
+
+class Committer:
+    """Writes commits at the next free version and applies every landed commit to the cache."""
+
+    def __init__(self, the_log: Log) -> None:
+        self._log = the_log
+        self.apply_lock = threading.RLock()
+        self._commit_lock = threading.RLock()
+        self._own: dict[str, OwnBatches] = {}
+        self.commits_written = 0
+        self.commits_applied = 0
+        #: Some appended data was compacted away before this cache indexed it: the key index is
+        #: rebuilt once caught up.
+        self.index_stale = False
+
+    # -- applying ---------------------------------------------------------------------------------
+    def apply_landed(self) -> int:
+        """Apply every commit that landed after the applied version; return the new version."""
+        the_log = self._log
+        with self.apply_lock:
+            version = the_log.version
+            while True:
+                name = commit_name(version + 1)
+                try:
+                    data = the_log.storage.read(name)
+                except FileNotFoundError:
+                    return version
+                commit = decode_commit(name, data)
+                if commit.version != version + 1:
+                    raise CorruptDataError(name, f"holds version {commit.version}")
+                self._apply(commit, crc32c(data))
+                version += 1
+
+    def _apply(self, commit: Commit, crc: int) -> None:
+        the_log = self._log
+        own = self._own.get(commit.commit_id, {})
+
+        def source(file: FileEntry, index: int) -> pa.RecordBatch:
+            cached = own.get((file.file_id, index))
+            if cached is not None:
+                return cached
+            loc = file.batches[index].location
+            try:
+                data = the_log.storage.read_range(file.path, loc.position, loc.length)
+            except FileNotFoundError:
+                # This cache fell behind GC: a later replace took the batch and its file is gone.
+                # Index nothing now; once caught up, the key index is rebuilt from the live
+                # batches (which raises if a live batch's file is missing).
+                missing.append(file.path)
+                return make_record_batch([], [], [])
+            return decode_batch(file.path, data, loc)
+
+        missing: list[str] = []
+        stray = self._is_stray(commit)
+
+        def work(txn: Any) -> int | None:
+            meta = MetaTxn(the_log.env, txn)
+            if meta.version() != commit.version - 1:
+                return None
+            if stray:
+                apply_stray(meta, commit)
+                meta.set_applied_commit(commit.version, commit.commit_id, crc)
+                return meta.runs_pending()
+            missing.clear()
+            # An index marked for rebuilding is not maintained meanwhile (the rebuild reads the
+            # live data at the newest version; files of older versions may be gone).
+            settings = the_log.apply_settings(index_ready=meta.get_meta("index_ready") != b"0")
+            apply_commit(meta, commit, source, settings)
+            meta.set_applied_commit(commit.version, commit.commit_id, crc)
+            if missing:
+                meta.put_meta("index_ready", b"0")  # rebuilt at the next open if we stop here
+            return meta.runs_pending()
+
+        runs = the_log.write_index_commit(work)
+        if runs is not None:
+            self.commits_applied += 1
+            self.index_stale = self.index_stale or bool(missing)
+            the_log.after_apply(runs)
+
+    def _is_stray(self, commit: Commit) -> bool:
+        """Whether ``commit`` was written after a gap: it names another predecessor than the
+        commit at the version before, which storage holds as this cache applied it.
+
+        Every reader whose cache agrees with storage decides the same, so refusing it keeps
+        replay deterministic; a cache that applied another commit than storage holds is itself
+        out of date, and :class:`StorageBehindError` says so.
+        """
+        the_log = self._log
+        applied: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_commit())
+        if (commit.previous_id is None or applied is None or applied[0] != commit.version - 1
+                or applied[1] == commit.previous_id):
+            return False
+        name = commit_name(applied[0])
+        try:
+            holds = crc32c(the_log.storage.read(name)) == applied[2]
+        except FileNotFoundError:
+            holds = False
+        if holds:
+            log.warning("commit %s does not follow %s (written after a gap, when the root was "
+                        "restored): refused", commit_name(commit.version), name)
+            return True
+        raise StorageBehindError(
+            commit_name(commit.version),
+            f"follows commit {commit.previous_id}, but this cache applied commit {applied[1]} at "
+            f"version {applied[0]}, which the storage root no longer holds (restored from an older "
+            "copy?): reopen the store to rebuild its cache",
+        )
+
+    def outcome(self, commit_id: str) -> dict[str, Any] | None:
+        """What applying commit ``commit_id`` decided, if it was applied here recently."""
+        return self._log.snapshot(lambda r: r.get_outcome(commit_id))  # type: ignore[no-any-return]
+
+    # -- committing -------------------------------------------------------------------------------
+    def commit(self, build: Callable[[int], Commit], own: OwnBatches | None = None) -> dict[str, Any]:
+        """Write the commit ``build(version)`` at the next free version and return its outcome.
+
+        ``build`` is called again for each attempt (it may re-validate, raising to abort) and must
+        keep the same commit id, by which a commit whose outcome was unknown is recognised.
+        """
+        the_log = self._log
+        the_log.check_open()
+        if the_log.read_only:
+            raise ReadOnlyError("the store is open read-only")
+        retries = the_log.config.commit_retries
+        with self._commit_lock:
+            storage_errors = 0
+            last_error: StorageError | None = None
+            for _attempt in range(retries):
+                if storage_errors:
+                    # Back off from a failing backend (not from a lost race): 10 ms doubling to 1 s.
+                    _pause(min(0.01 * 2 ** (storage_errors - 1), 1.0))
+                version = the_log.refresh() + 1
+                commit = build(version)
+                done = self.outcome(commit.commit_id)
+                if done is not None:
+                    return done
+                try:
+                    previous = self.verify_head(version - 1)
+                except StorageError as e:
+                    storage_errors += 1
+                    last_error = e
+                    continue
+                commit = replace(commit, previous_id=previous)
+                name = commit_name(version)
+                if own:
+                    self._own[commit.commit_id] = own
+                created = False
+                try:
+                    try:
+                        the_log.storage.put_if_absent(name, encode_commit(commit))
+                        self.commits_written += 1
+                        created = True
+                    except FileExistsError:
+                        pass  # another writer took this version; ours may have landed earlier
+                    except StorageError as e:
+                        if not self._landed(name, commit.commit_id, e):
+                            storage_errors += 1
+                            last_error = e
+                            continue
+                        created = True  # it landed, its answer was lost
+                    the_log.refresh()
+                finally:
+                    self._own.pop(commit.commit_id, None)
+                done = self.outcome(commit.commit_id)
+                if done is not None:
+                    if created:
+                        self._verify_follows(commit, version - 1)
+                    the_log.maybe_checkpoint()
+                    return done
+            if last_error is not None and storage_errors == retries:
+                raise StorageError(f"every commit attempt failed: {last_error}") from last_error
+            raise CommitConflictError(f"{retries} attempts lost the race for the next commit version")
+
+    def verify_head(self, version: int) -> str | None:
+        """Before writing commit ``version + 1``: check that commit ``version``, the newest this
+        cache applied, is still in storage as applied, and return its id.
+
+        Commit names are taken with put-if-absent, which cannot tell a free name from one whose
+        commit vanished: a root restored from an older copy, or commits collected after a
+        checkpoint while this cache slept. Writing on would put an acknowledged commit after a
+        gap that no fresh reader ever crosses. A cache that merely fell behind the retention
+        window catches up from the newest checkpoint; otherwise :class:`StorageBehindError`.
+        """
+        if version == 0:
+            return None
+        the_log = self._log
+        applied: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_commit())
+        name = commit_name(version)
+        try:
+            data = the_log.storage.read(name)
+        except FileNotFoundError:
+            if newest_checkpoint(the_log.storage) > version:
+                # Reloading the cache in place would empty the key index under concurrent reads.
+                raise StorageBehindError(
+                    name, "this cache fell behind the commit retention window (commits it has not "
+                    "applied were collected after a checkpoint); nothing was written: reopen the "
+                    "store to catch up from the checkpoint",
+                ) from None
+            raise StorageBehindError(
+                name, "the newest commit this cache applied is missing from storage (restored from an "
+                "older copy, or damaged); nothing was written: reopen the store to rebuild its cache "
+                "from storage",
+            ) from None
+        if applied is None or applied[0] != version:
+            return decode_commit(name, data).commit_id
+        if crc32c(data) != applied[2]:
+            raise StorageBehindError(
+                name, "differs from the commit this cache applied at that version (restored from an "
+                "older copy, or damaged); nothing was written: reopen the store to rebuild its cache",
+            )
+        return applied[1]
+
+    def _verify_follows(self, commit: Commit, previous: int) -> None:
+        """After ``commit`` landed: check that the commit it follows is still in storage, so it
+        is not acknowledged after a gap (a root restored while it was on its way).
+
+        Otherwise the commit, which no fresh reader can reach, is taken back (deleted: only its
+        writer does that, and only a cache of the lost history could have applied it) and
+        :class:`StorageBehindError` is raised; nothing is acknowledged.
+        """
+        if previous == 0 or commit.previous_id is None:
+            return
+        storage = self._log.storage
+        name = commit_name(previous)
+        try:
+            follows = decode_commit(name, storage.read(name)).commit_id == commit.previous_id
+        except FileNotFoundError:
+            # Commit GC removes only commits below the newest checkpoint: if one covers this
+            # commit, its predecessor was collected, not lost, and the commit is history.
+            follows = newest_checkpoint(storage) >= commit.version
+        if follows:
+            return
+        own = commit_name(commit.version)
+        try:
+            if decode_commit(own, storage.read(own)).commit_id == commit.commit_id:
+                storage.delete(own)
+        except (FileNotFoundError, KvlogError) as e:
+            log.warning("could not take back commit %s written after a gap: %s", own, e)
+        raise StorageBehindError(
+            name, f"is no longer the commit {own} follows (the storage root was restored while the "
+            "commit was on its way); nothing was acknowledged: reopen the store to rebuild its cache",
+        )
+
+    def _landed(self, name: str, commit_id: str, cause: StorageError) -> bool:
+        """After a failed put-if-absent: whether our commit is there (re-read until known)."""
+        last: Exception = cause
+        for _ in range(5):
+            try:
+                data = self._log.storage.read(name)
+            except FileNotFoundError:
+                return False
+            except StorageError as e:
+                last = e
+                continue
+            return decode_commit(name, data).commit_id == commit_id
+        raise CommitStateUnknownError(
+            f"could not learn whether {name} landed; reopen the store before resending"
+        ) from last
+
+
+def _pause(seconds: float) -> None:
+    """Wait ``seconds`` (an event wait, so no module reads the clock to sleep)."""
+    threading.Event().wait(seconds)
+

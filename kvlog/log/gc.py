@@ -1,0 +1,99 @@
+"""Garbage collection: replaced files past their delay, orphan data files, old commits.
+
+A replaced input goes once ``file_delete_delay_ms`` has passed since its replace commit.
+An orphan (a file no commit made live) is a candidate once it is older than the delay
+both by the clock and relative to the newest commit's storage time; candidates are first
+condemned by a ``gc`` commit and only then deleted. A commit that adds a condemned file
+is refused when applied, so whichever lands first wins: the file becomes live and GC
+keeps it, or GC takes it and its writer learns that its commit was refused (and writes
+the file again, or discards the job). No commit ever makes live a file GC deleted,
+however long its writer was stalled. Commits older than the newest checkpoint by more
+than ``commit_retention_ms`` (storage time) go too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kvlog.errors import ReadOnlyError
+from kvlog.format.commit import Commit
+from kvlog.log.naming import DATA_PREFIX, LOG_PREFIX, commit_name, parse_log_name
+from kvlog.meta import MetaTxn
+
+if TYPE_CHECKING:
+    from kvlog.log.log import Log
+
+__all__ = ["collect_garbage"]
+
+
+def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
+    """Delete what is no longer needed (see the module docstring); how many of each kind."""
+    the_log.check_open()
+    if the_log.read_only:
+        raise ReadOnlyError("the store is open read-only")
+    storage, config = the_log.storage, the_log.config
+    now = the_log.clock.now_ms() if now_ms is None else now_ms
+    the_log.refresh()
+    # Deleting trusts this cache's view of what is live and what was replaced: a cache ahead
+    # of a restored root would delete files the restored history needs.
+    version = the_log.version
+    the_log.verify_head(version)
+    deleted = {"replaced": 0, "orphans": 0, "commits": 0}
+    pending = dict(the_log.snapshot(lambda r: list(r.iter_pending())))
+    live_paths = set(the_log.snapshot(lambda r: [e["path"] for _fid, e in r.iter_files()]))
+    for path, due in pending.items():
+        if due <= now:
+            storage.delete(path)
+
+            def forget(txn: Any, path: str = path) -> None:
+                MetaTxn(the_log.env, txn).delete_pending(path)
+
+            the_log.env.write(forget)
+            deleted["replaced"] += 1
+    # Orphans are judged by storage time, never by this process's clock alone: a file is a
+    # candidate only when it is older than the delay both by our clock and relative to the
+    # newest commit (the condemnation commit below is what makes deleting it safe).
+    try:
+        newest_commit_ms = storage.stat(commit_name(version)).mtime_ms if version else 0
+    except FileNotFoundError:
+        newest_commit_ms = 0
+    horizon = min(now, newest_commit_ms) - config.file_delete_delay_ms
+    condemned = set(the_log.snapshot(lambda r: [path for path, _at in r.iter_condemned()]))
+    candidates = []
+    for info in storage.list(DATA_PREFIX):
+        if info.name in live_paths or info.name in pending or info.mtime_ms > horizon:
+            continue
+        if info.name in condemned:
+            storage.delete(info.name)  # condemned earlier; its deletion did not finish
+            deleted["orphans"] += 1
+        else:
+            candidates.append(info.name)
+    if candidates:
+        deleted["orphans"] += _collect_orphans(the_log, sorted(candidates))
+    entries = [(parse_log_name(i.name), i) for i in storage.list(LOG_PREFIX)]
+    checkpoints = [v for parsed, _i in entries if parsed and parsed[1] == "checkpoint" for v in [parsed[0]]]
+    if checkpoints:
+        newest = max(checkpoints)
+        newest_info = next(i for parsed, i in entries if parsed == (newest, "checkpoint"))
+        horizon = newest_info.mtime_ms - config.commit_retention_ms
+        for parsed, info in entries:
+            if parsed and parsed[0] < newest and info.mtime_ms < horizon:
+                storage.delete(info.name)
+                deleted["commits"] += 1
+    return deleted
+
+
+def _collect_orphans(the_log: Log, paths: list[str]) -> int:
+    """Condemn ``paths`` with a ``gc`` commit, then delete the ones it condemned."""
+    commit_id = the_log.new_id()
+
+    def build(version: int) -> Commit:
+        # Condemned paths are remembered for good (a few dozen bytes each, for files only a
+        # crash leaves behind): a commit adding one is refused however late it comes.
+        return Commit(version, commit_id, the_log.clock.now_ms(), "gc", remove=tuple(paths))
+
+    outcome = the_log.commit(build)
+    doomed = [path for path, verdict in outcome["results"] if verdict == "condemned"]
+    for path in doomed:
+        the_log.storage.delete(path)
+    return len(doomed)
