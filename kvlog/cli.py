@@ -196,7 +196,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 
 
 def _cmd_spark(args: argparse.Namespace) -> int:
-    # kvlog never imports spark_ext; the command line is the one place that may (DESIGN §2).
+    # kvlog never imports spark_ext; the command line is the one place that may (docs/architecture.rst).
     try:
         import spark_ext
     except ImportError as e:

@@ -1,7 +1,7 @@
 """The storage contract every backend fulfils.
 
 Names are ``/``-separated relative paths such as ``log/00000000000000000001.json``.
-Keys and values never become names (DESIGN §10.9). The contract:
+Keys and values never become names (object names carry no user data). The contract:
 
 * :meth:`Storage.read`, :meth:`Storage.read_range`, :meth:`Storage.stat` raise
   :class:`FileNotFoundError` for a missing object;
@@ -83,7 +83,7 @@ class Storage(ABC):
         self._count_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle cheaply (STYLE #4): no locks or clients; the copy counts its own requests."""
+        """Pickle cheaply (for Spark executors): no locks or clients; the copy counts its own requests."""
         state = {k: v for k, v in self.__dict__.items() if k not in self._transient}
         state["requests"] = Counter()
         return state

