@@ -1,4 +1,4 @@
-"""Every program in examples/ runs to completion and prints what it promises (STYLE #16)."""
+"""Every program in examples/ runs to completion and prints what it promises."""
 
 from __future__ import annotations
 

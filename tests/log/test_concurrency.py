@@ -1,4 +1,4 @@
-"""Several writers on one store: the commit log serializes them (DESIGN §4.3).
+"""Several writers on one store: the commit log serializes them.
 
 * 8 writer threads, each with its own producer and its own Log handle and cache directory (so
   they behave like separate processes), on local storage and on SeaweedFS;

@@ -1,4 +1,4 @@
-"""Fault injection at every step of an append (DESIGN §4, §10.1, §10.5).
+"""Fault injection at every step of an append.
 
 The flow (open a log, register a producer, append four batches over three partitions, with a
 checkpoint every three commits) is run once through a :class:`FaultyStorage` that records its

@@ -1,4 +1,4 @@
-"""The idempotent-producer rules (DESIGN §5, reference/kafka-cleaner-rules.md "Idempotent producer").
+"""The idempotent-producer rules (Kafka's broker-side rules; docs/log.rst, "Idempotent producers").
 
 Three layers of tests:
 

@@ -1,4 +1,4 @@
-"""One storage conformance suite, run on every backend (STYLE #12).
+"""One storage conformance suite, run on every backend.
 
 Backends: ``local`` (a temporary directory), ``s3`` (SeaweedFS on loopback, via
 the ``s3_root`` fixture of ``kvlog.testing.pytest_plugin``) and ``faulty``
@@ -429,7 +429,7 @@ def test_request_counting(make_storage: Callable[[], Storage]) -> None:
 
 
 def test_pickled_copy_works(storage: Storage) -> None:
-    """Spark executors receive pickled storages (STYLE #4): the copy reconnects by itself."""
+    """Spark executors receive pickled storages: the copy reconnects by itself."""
     storage.put("p/obj", b"before pickling")
     copy = pickle.loads(pickle.dumps(storage))
     assert type(copy) is type(storage)

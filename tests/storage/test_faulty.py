@@ -218,7 +218,7 @@ def test_random_mode_options(inner: LocalStorage) -> None:
 
 
 def _flow(storage: Storage) -> None:
-    """A miniature commit: data first, then the commit, then cleanup (STYLE #5)."""
+    """A miniature commit: data first, then the commit, then cleanup."""
     storage.put("data/new.arrow", b"rows")
     storage.crash_point("after_data_write")
     storage.put_if_absent("log/2.json", b"commit data/new.arrow")

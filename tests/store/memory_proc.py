@@ -2,7 +2,7 @@
 
 Spec (KVLOG_TEST_SPEC): ``uri``, ``n``, ``settings``. Anonymous memory
 (``RssAnon`` in /proc/self/status) is sampled every 5,000 writes; LMDB pages
-are file-backed and do not count, as DESIGN §6 asks. Prints one JSON line:
+are file-backed and do not count (the kernel may drop them at will). Prints one JSON line:
 ``{"n", "baseline_kib", "peak_kib", "final_kib", "len", "seconds"}``.
 """
 

@@ -1,4 +1,4 @@
-"""Bad input gets the documented error and changes nothing (API.md, DESIGN §4.1, guarantee 8).
+"""Bad input gets the documented error and changes nothing (guarantee 8).
 
 Every rejected call is checked against a fingerprint of the store taken before
 it: the visible items, len(), the applied version, the unflushed bytes and,

@@ -1,4 +1,4 @@
-"""Memory is bounded by configuration, not by the number of keys (DESIGN §6, guarantee 6).
+"""Memory is bounded by configuration, not by the number of keys (guarantee 6).
 
 Two fresh processes write 200k and 1M distinct keys with the same bounded
 settings; the peak anonymous memory (RssAnon, which leaves out LMDB's

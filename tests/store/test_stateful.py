@@ -1,4 +1,4 @@
-"""A model test: a Store and a dict driven side by side (STYLE #13, DESIGN §4, §6, §7, §10).
+"""A model test: a Store and a dict driven side by side.
 
 The machine writes with puts, deletes and batches (some aborted), flushes,
 compacts (on a manual clock that moves tombstones past their horizon),

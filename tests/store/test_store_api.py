@@ -1,4 +1,4 @@
-"""The Store API of API.md, method by method, on local disk and (where marked) on SeaweedFS."""
+"""The Store API of docs/api.rst, method by method, on local disk and (where marked) on SeaweedFS."""
 
 from __future__ import annotations
 
@@ -366,7 +366,7 @@ def test_stats_fields(root: Root, opened: list[Any]) -> None:
     opened.append(reader)
     ro = reader.stats()
     assert ro["read_only"] is True and ro["producer_id"] is None and ro["live_keys"] == 10
-    if root.storage_options:  # credentials never appear in stats or repr (DESIGN §10.9)
+    if root.storage_options:  # credentials never appear in stats or repr (they never leave the process)
         secret = str(root.storage_options["secret_key"])
         assert secret not in repr(after) and secret not in repr(store) and secret not in repr(ro)
 
