@@ -1,4 +1,4 @@
-"""The idempotent-producer rules (Kafka's broker-side rules; docs/log.rst, "Idempotent producers").
+"""The idempotent-producer rules (Kafka's broker-side rules; docs/log.rst, "Producers").
 
 Three layers of tests:
 
