@@ -19,10 +19,10 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(STAMP): setup.cfg setup.py pyproject.toml kvlog/compaction/_kernels.c kvlog/format/_columns.c kvlog/log/_writebuffer.c kvlog/meta/_runs.c kvlog/_key_order.h kvlog/_crc32c.h | $(PY)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	@touch $(STAMP)
 
-install: $(STAMP) ## create .venv if needed and install kvlog with every extra
+install: $(STAMP) ## create .venv if needed and install kvlog with every extra (bench included)
 
 java: ## check for Java 17+ (installs openjdk-17-jre-headless on Debian as root)
 	@bash scripts/ensure-java.sh
@@ -40,15 +40,15 @@ test-fast: install ## the suite without slow, S3 and Spark tests
 torture: install ## seeded torture runs: make torture SEEDS=500 [START=0] [BACKEND=local|s3]
 	$(PY) -m tests.torture --seeds $(or $(SEEDS),100) --start $(or $(START),0) --backend $(or $(BACKEND),local)
 
-lint: install ## ruff and mypy (strict on kvlog/)
+lint: install ## ruff and mypy (strict on kvlog/ and benchmarks/)
 	$(VENV)/bin/ruff check kvlog spark_ext tests benchmarks examples
 	$(VENV)/bin/mypy
 
 docs: install ## build the documentation (warnings are errors)
 	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
 
-bench: install java ## run the benchmark suite and write benchmarks/results/
-	$(VENV)/bin/kvlog bench --out benchmarks/results/latest.json
+bench: install java ## run the benchmark suite (python -m benchmarks) and write benchmarks/results/
+	$(PY) -m benchmarks --out benchmarks/results/latest.json
 
 clean: ## remove build outputs (keeps .venv)
 	rm -rf docs/_build build dist *.egg-info .pytest_cache .hypothesis

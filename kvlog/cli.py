@@ -1,7 +1,9 @@
 """The ``kvlog`` command line. Errors print one line and exit non-zero.
 
 Exit codes: 0 success, 1 a failed command (a missing key, a refused write, any
-error), 2 a usage error (bad arguments or ``--storage-options``), 130 interrupted,
+error), 2 a usage error (bad arguments or ``--storage-options``; also ``kvlog bench``, which
+names where the benchmark suite runs: ``python -m benchmarks`` in a source checkout),
+130 interrupted,
 141 the output pipe was closed (``kvlog scan URI | head``).
 Keys, values and key bounds are taken as the bytes given on the command line
 (``os.fsencode`` undoes Python's ``surrogateescape`` decoding), so binary keys work.
@@ -237,10 +239,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 1 if result.failures else 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from kvlog.bench import main_from_args
+_BENCH_POINTER = (
+    "kvlog: the benchmark suite is not installed with kvlog; from a source checkout run "
+    "`make bench` or `python -m benchmarks [--quick] [--only ID] [--out FILE]`"
+)
 
-    return main_from_args(args)
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """Say where the benchmark suite is: it lives beside the library, in a source checkout."""
+    print(_BENCH_POINTER, file=sys.stderr)
+    return 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -297,10 +305,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--records", type=int, default=1_000_000)
     p.add_argument("--no-spark", action="store_true", help="skip the Spark materialization step")
     p.set_defaults(func=_cmd_demo)
-    p = sub.add_parser("bench", help="benchmarks side by side with LMDB, sqlite3 and raw S3")
-    from kvlog.bench import add_arguments
-
-    add_arguments(p)
+    # The suite's own options are taken as given (``+`` is this parser's only option prefix),
+    # so any ``kvlog bench ...`` line gets the pointer to the suite, not a usage error.
+    p = sub.add_parser("bench", help="where the benchmark suite is (python -m benchmarks, in a checkout)",
+                       prefix_chars="+", add_help=False)
+    p.add_argument("suite_args", nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_bench)
     return parser
 

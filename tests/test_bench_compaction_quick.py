@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvlog.bench.compaction import SCHEMA, TINY, format_table, run_compaction_benchmarks
+from benchmarks.compaction import SCHEMA, TINY, format_table, run_compaction_benchmarks
 
 pytestmark = pytest.mark.slow
 
@@ -91,13 +91,13 @@ def test_output_batches_stay_within_the_limit(tmp_path: Path) -> None:
     import numpy as np
 
     import kvlog
-    from kvlog.bench.compaction import ascending_key_order, bulk_load
+    from benchmarks.compaction import ascending_key_order, bulk_load
     from kvlog.compaction.merger import OUTPUT_BATCH_RECORDS
 
     n = OUTPUT_BATCH_RECORDS * 2 + 1000
     with kvlog.open(tmp_path / "s", partitions=1, background_compaction=False, flush_interval_ms=0,
                     offset_map_bytes=4 * 2**20) as store:
-        bulk_load(store, ascending_key_order(n), n, seed=0, value_bytes=8,
+        bulk_load(store.log, ascending_key_order(n), n, seed=0, value_bytes=8,
                   partition_of=np.zeros(n, dtype=np.int64))
         report = store.compact(force=True)
         counts = store.log.snapshot(lambda r: [int(b["n"]) for b in r.iter_batches(0, 0)])

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from kvlog.bench import run
-from kvlog.bench.recovery import ANCHORS, STATES, rocksdict_missing
-from kvlog.bench.report import rows
-from kvlog.bench.suite import GOALS, SCHEMA, TINY, settings_for
+from benchmarks import run
+from benchmarks.recovery import ANCHORS, STATES, rocksdict_missing
+from benchmarks.report import rows
+from benchmarks.suite import GOALS, SCHEMA, TINY, settings_for
 
 pytestmark = pytest.mark.slow
 

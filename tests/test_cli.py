@@ -167,15 +167,37 @@ def test_a_store_uri_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args", [
-    pytest.param(("bench", "--show", "{tmp}/missing.json"), id="missing-file"),
-    pytest.param(("bench", "--show", "{tmp}/bad.json"), id="bad-json-not-storage-options"),
     pytest.param(("demo", "--no-spark", "--records", "-5", "--path", "{tmp}/demo"), id="negative-records"),
 ])
 def test_any_unexpected_error_is_one_line(tmp_path: Path, args: tuple[str, ...]) -> None:
-    (tmp_path / "bad.json").write_text('{"figures": ')
     line = one_line_failure(run(*(a.format(tmp=tmp_path) for a in args)), 1)
     assert line.startswith("kvlog: error: "), line
     assert "storage-options" not in line, line
+
+
+@pytest.mark.parametrize("args", [
+    pytest.param((), id="bare"),
+    pytest.param(("--quick", "--out", "{tmp}/out.json"), id="suite-options"),
+    pytest.param(("--show", "{tmp}/missing.json", "--markdown"), id="show"),
+    pytest.param(("--help",), id="help"),
+])
+def test_bench_names_where_the_suite_runs(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """The benchmark suite is not installed with kvlog: ``kvlog bench``, whatever follows it,
+    prints one line naming ``make bench`` and ``python -m benchmarks``, exits 2, and runs
+    nothing (no results file appears)."""
+    done = run("bench", *(a.format(tmp=tmp_path) for a in args))
+    line = one_line_failure(done, 2)
+    assert done.stdout == ""
+    assert line.startswith("kvlog: ") and "make bench" in line and "python -m benchmarks" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_lists_bench_as_a_pointer() -> None:
+    """``kvlog --help`` describes ``bench`` as where the suite is, not as a runner."""
+    done = run("--help")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())  # argparse wraps help at the terminal's width
+    assert " bench where the benchmark suite is (python -m benchmarks, in a checkout) " in text, done.stdout
 
 
 def test_an_interrupt_is_one_line_and_exit_130(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvlog.bench.spark import SCHEMA, TINY, format_table, run_spark_benchmarks
+from benchmarks.spark import SCHEMA, TINY, format_table, run_spark_benchmarks
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -55,8 +55,8 @@ COMPACTING = {"compaction_interval_ms": 300}
 
 
 def _bench_rss(tmp_path: Path, keys: int, settings: dict[str, Any]) -> dict[str, Any]:
-    """One fresh-process run of the store.memory benchmark's child (kvlog.bench.rss)."""
-    command = [sys.executable, "-m", "kvlog.bench.rss", "--keys", str(keys), "--dir",
+    """One fresh-process run of the store.memory benchmark's child (benchmarks.rss)."""
+    command = [sys.executable, "-m", "benchmarks.rss", "--keys", str(keys), "--dir",
                str(tmp_path / f"bench-{keys}"), "--seed", "1", "--gets", "5000",
                "--settings", json.dumps(settings)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False,

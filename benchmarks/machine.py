@@ -82,7 +82,7 @@ def _versions() -> dict[str, str]:
 
 def _revision() -> str | None:
     """The checked-out commit of the source tree, when it is a git checkout (read-only query)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     if not (root / ".git").exists():
         return None
     try:

@@ -1,7 +1,7 @@
 """Spark benchmarks: exact compaction at scale, materialization, and the data source's read rate.
 
 Each figure sits next to an anchor measured in the same run and is reported
-as a ratio (the shape of :mod:`kvlog.bench.compaction`'s entries):
+as a ratio (the shape of :mod:`benchmarks.compaction`'s entries):
 
 ``spark.compact`` / ``spark.compact_memory`` (a)
     ``spark_ext.compact(force=True)`` of a store of R records over K distinct
@@ -9,7 +9,7 @@ as a ratio (the shape of :mod:`kvlog.bench.compaction`'s entries):
     100-byte values, 8 partitions), checked exact afterwards by a Spark
     group-by over the survivors (no (partition, key) twice, K rows). Anchor of
     the time: the I/O floor on the same files (every input read twice with
-    pyarrow, the survivors written once; :func:`kvlog.bench.compaction.io_floor`).
+    pyarrow, the survivors written once; :func:`benchmarks.compaction.io_floor`).
     Memory: the peak of ``RssAnon`` summed over this process and every
     descendant (the driver JVM, which is also the executor in local mode, and
     the Python workers), sampled every 0.5 s, minus the same sum just before;
@@ -26,9 +26,9 @@ as a ratio (the shape of :mod:`kvlog.bench.compaction`'s entries):
     Spark's ``noop`` sink (every column materialized) against
     ``spark.read.parquet`` of the same rows to the same sink.
 
-Stores are loaded with :func:`kvlog.bench.compaction.bulk_load` (what the
+Stores are loaded with :func:`benchmarks.compaction.bulk_load` (what the
 flusher would write, from numpy buffers) through a metadata-only log (no key
-index: nothing here reads through one). Run ``python -m kvlog.bench.spark
+index: nothing here reads through one). Run ``python -m benchmarks.spark
 [--quick] [--out-dir DIR]``; :func:`run_spark_benchmarks` is the entry point.
 This module imports pyspark and ``spark_ext`` only inside functions, so
 importing it costs nothing (kvlog itself never imports them).
@@ -48,18 +48,18 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from time import perf_counter
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from kvlog.bench.compaction import _entry as compaction_entry
-from kvlog.bench.compaction import _loadavg, _measure, _partition_table, bulk_load, io_floor
-from kvlog.bench.machine import machine_info
-from kvlog.bench.report import save_results, text_table
-from kvlog.clock import SystemClock
+import kvlog
+from benchmarks.compaction import bulk_load, io_floor, live_files, loadavg, measure, partition_table
+from benchmarks.compaction import make_entry as compaction_entry
+from benchmarks.machine import machine_info
+from benchmarks.report import save_results, text_table
+from kvlog.log import open_log
 
 __all__ = ["Sizes", "FULL", "QUICK", "TINY", "SCHEMA", "run_spark_benchmarks", "format_table", "main"]
 
@@ -116,7 +116,7 @@ METHOD = (
 
 # -- helpers -----------------------------------------------------------------------------------
 
-def _entry(bench_id: str, title: str, method: str, subject: dict[str, Any], anchors: list[dict[str, Any]],
+def make_entry(bench_id: str, title: str, method: str, subject: dict[str, Any], anchors: list[dict[str, Any]],
            *, higher_is_better: bool, seconds: float, goal: dict[str, Any] | None = None,
            **extra: Any) -> dict[str, Any]:
     return compaction_entry(bench_id, title, method, subject, anchors, higher_is_better=higher_is_better,
@@ -200,20 +200,18 @@ def _key_indices(records: int, keys: int, seed: int) -> np.ndarray:
 
 def load_store(path: Path, records: int, keys: int, sizes: Sizes) -> dict[str, Any]:
     """A store at ``path`` of ``records`` records over ``keys`` keys; returns what was loaded."""
-    from kvlog.log import open_log
-
     if records < keys:
         raise ValueError("records must be at least keys")
     began = perf_counter()
     indices = _key_indices(records, keys, sizes.seed)
-    partition_of = _partition_table(keys, sizes.partitions, sizes.seed)
+    partition_of = partition_table(keys, sizes.partitions, sizes.seed)
     # A metadata-only log: nothing here reads through the key index, and loading one of
     # 10 M keys would dominate the load.
     the_log = open_log(str(path), partitions=sizes.partitions, maintain_index=False)
     try:
-        loaded = bulk_load(SimpleNamespace(log=the_log), indices, sizes.records_per_file,  # type: ignore[arg-type]
-                           seed=sizes.seed, value_bytes=sizes.value_bytes, partition_of=partition_of)
-        files = [path / entry["path"] for _id, entry in the_log.snapshot(lambda r: list(r.iter_files()))]
+        loaded = bulk_load(the_log, indices, sizes.records_per_file, seed=sizes.seed,
+                           value_bytes=sizes.value_bytes, partition_of=partition_of)
+        files = [path / entry["path"] for entry in live_files(the_log)]
         compression = the_log.config.compression
     finally:
         the_log.close()
@@ -223,11 +221,9 @@ def load_store(path: Path, records: int, keys: int, sizes: Sizes) -> dict[str, A
 
 
 def _live_paths(path: Path) -> list[Path]:
-    from kvlog.log import open_log
-
     the_log = open_log(str(path), create=False, read_only=True, maintain_index=False)
     try:
-        return [path / entry["path"] for _id, entry in the_log.snapshot(lambda r: list(r.iter_files()))]
+        return [path / entry["path"] for entry in live_files(the_log)]
     finally:
         the_log.close()
 
@@ -273,7 +269,7 @@ def bench_compact(spark: Any, sizes: Sizes, work: Path) -> list[dict[str, Any]]:
     import spark_ext
 
     began = perf_counter()
-    load = [_loadavg()]
+    load = [loadavg()]
     path = work / "compact"
     loaded = load_store(path, sizes.compact_records, sizes.compact_keys, sizes)
     gc.collect()
@@ -284,7 +280,7 @@ def bench_compact(spark: Any, sizes: Sizes, work: Path) -> list[dict[str, Any]]:
     report = spark_ext.compact(spark, str(path), force=True)
     compact_s = perf_counter() - t0
     peak = sampler.stop()
-    load.append(_loadavg())
+    load.append(loadavg())
     t1 = perf_counter()
     exact = check_exact(spark, str(path))
     check_s = perf_counter() - t1
@@ -298,7 +294,7 @@ def bench_compact(spark: Any, sizes: Sizes, work: Path) -> list[dict[str, Any]]:
     floor = io_floor([Path(p) for p in loaded["inputs"]], survivors, work, loaded["compression"], 1)
     del survivors
     shutil.rmtree(path, ignore_errors=True)
-    load.append(_loadavg())
+    load.append(loadavg())
     n = sizes.compact_records
     requested = FULL.compact_records
     extrapolated = None
@@ -308,16 +304,16 @@ def bench_compact(spark: Any, sizes: Sizes, work: Path) -> list[dict[str, Any]]:
                                 f"shuffle is n log n at worst, so this is a lower bound)"}
     facts = {"records": n, "keys": sizes.compact_keys, "files": loaded["files"],
              "data_bytes": loaded["data_bytes"], "load_s": loaded["load_s"]}
-    time_entry = _entry(
+    time_entry = make_entry(
         "spark.compact", f"exact Spark compaction, {n:,} records over {sizes.compact_keys:,} keys", (
             f"spark_ext.compact(force=True) of a {sizes.partitions}-partition store of {n:,} records "
             f"({loaded['files']} L0 files of {sizes.records_per_file:,} records) over "
             f"{sizes.compact_keys:,} distinct keys; afterwards a Spark group-by over the survivors "
             "checks exactness (no (partition, key) twice, one row per key). Anchor: the I/O floor on "
             "the same files (read every input twice with pyarrow, write the survivors once, fsync)."),
-        _measure("kvlog", "spark_ext.compact(force=True)", "s", [compact_s], records_per_s=n / compact_s,
+        measure("kvlog", "spark_ext.compact(force=True)", "s", [compact_s], records_per_s=n / compact_s,
                  report=report.to_dict()),
-        [_measure("io_floor", "pyarrow: read inputs twice, write survivors once", "s", floor["runs_s"],
+        [measure("io_floor", "pyarrow: read inputs twice, write survivors once", "s", floor["runs_s"],
                   detail=floor)],
         higher_is_better=False, seconds=perf_counter() - began,
         goal={"text": "exact: zero duplicate keys among the survivors, every key kept", "met": is_exact,
@@ -325,15 +321,15 @@ def bench_compact(spark: Any, sizes: Sizes, work: Path) -> list[dict[str, Any]]:
         check_s=check_s, extrapolation=extrapolated, loadavg=load, **facts,
     )
     growth_mib = (peak - baseline) / 1024
-    memory_entry = _entry(
+    memory_entry = make_entry(
         "spark.compact_memory", f"peak RssAnon of the process tree during (a), {n:,} records", (
             "Peak of RssAnon summed over this process and its descendants (driver JVM = executor in "
             "local mode, Python workers), sampled every 0.5 s during spark_ext.compact, minus the sum "
             f"just before it (driver memory {sizes.driver_memory}). Anchor: the bytes of the log's "
             "data files, to show memory does not follow the log's size."),
-        _measure("kvlog", "RssAnon growth of the process tree", "MiB", [growth_mib],
+        measure("kvlog", "RssAnon growth of the process tree", "MiB", [growth_mib],
                  peak_mib=peak / 1024, baseline_mib=baseline / 1024, samples=sampler.samples),
-        [_measure("data_bytes", "the log's data files", "MiB", [loaded["data_bytes"] / MiB])],
+        [measure("data_bytes", "the log's data files", "MiB", [loaded["data_bytes"] / MiB])],
         higher_is_better=False, seconds=0.0, **facts,
     )
     return [time_entry, memory_entry]
@@ -369,7 +365,7 @@ def bench_materialize_and_read(spark: Any, sizes: Sizes, work: Path) -> list[dic
     import spark_ext
 
     began = perf_counter()
-    load = [_loadavg()]
+    load = [loadavg()]
     path = work / "materialize"
     n, keys = sizes.materialize_records, sizes.materialize_keys
     loaded = load_store(path, n, keys, sizes)
@@ -399,13 +395,13 @@ def bench_materialize_and_read(spark: Any, sizes: Sizes, work: Path) -> list[dic
             if r == 0:
                 counts[name] = spark.read.parquet(out).count()
             shutil.rmtree(out, ignore_errors=True)
-        anchors.append(_measure(name, f"Spark SQL {name} over Parquet + write", "s", runs))
+        anchors.append(measure(name, f"Spark SQL {name} over Parquet + write", "s", runs))
     best = min(anchors, key=lambda a: a["value"])
     correct = bool(rows == keys and all(c == keys for c in counts.values()))
-    subject = _measure("kvlog", "spark_ext.materialize", "s", subject_runs, rows=rows)
+    subject = measure("kvlog", "spark_ext.materialize", "s", subject_runs, rows=rows)
     ratio = subject["value"] / best["value"]
-    load.append(_loadavg())
-    materialize_entry = _entry(
+    load.append(loadavg())
+    materialize_entry = make_entry(
         "spark.materialize", f"materialize {n:,} records over {keys:,} keys", (
             f"spark_ext.materialize (view=latest read, Parquet write, and its row count) of a "
             f"{sizes.partitions}-partition store of {n:,} records over {keys:,} keys, median of "
@@ -429,14 +425,14 @@ def bench_materialize_and_read(spark: Any, sizes: Sizes, work: Path) -> list[dic
         t0 = perf_counter()
         spark.read.parquet(log_parquet).write.format("noop").mode("overwrite").save()
         parquet_runs.append(n / (perf_counter() - t0))
-    read_entry = _entry(
+    read_entry = make_entry(
         "spark.read", f"data source read rate, view=log, {n:,} rows", (
             f"Rows per second of spark.read.format('kvlog').load(uri) (view=log, all six columns) "
             f"written to Spark's noop sink, median of {sizes.repeats}; anchor: spark.read.parquet of "
             "the same rows (the log view written as Parquet) to the same sink, interleaved run by run."),
-        _measure("kvlog", "kvlog data source, view=log", "rows/s", read_runs),
-        [_measure("parquet", "spark.read.parquet, same rows", "rows/s", parquet_runs)],
-        higher_is_better=True, seconds=perf_counter() - began, loadavg=[_loadavg()],
+        measure("kvlog", "kvlog data source, view=log", "rows/s", read_runs),
+        [measure("parquet", "spark.read.parquet, same rows", "rows/s", parquet_runs)],
+        higher_is_better=True, seconds=perf_counter() - began, loadavg=[loadavg()],
     )
     shutil.rmtree(path, ignore_errors=True)
     shutil.rmtree(log_parquet, ignore_errors=True)
@@ -459,11 +455,11 @@ def run_spark_benchmarks(
     """
     chosen = sizes or (QUICK if quick else FULL)
     began = perf_counter()
-    started = datetime.fromtimestamp(SystemClock().now_ms() / 1000, UTC)
+    started = datetime.fromtimestamp(kvlog.SystemClock().now_ms() / 1000, UTC)
     say = progress or (lambda _line: None)
     work = Path(tempfile.mkdtemp(prefix="kvlog-bench-spark-", dir=work_dir))
     info = machine_info(work)
-    info["loadavg_start"] = _loadavg()
+    info["loadavg_start"] = loadavg()
     own = spark is None
     entries: list[dict[str, Any]] = []
     session: Any = None
@@ -496,7 +492,7 @@ def run_spark_benchmarks(
         if own and session is not None:
             session.stop()
         shutil.rmtree(work, ignore_errors=True)
-    info["loadavg_end"] = _loadavg()
+    info["loadavg_end"] = loadavg()
     document: dict[str, Any] = {
         "schema": SCHEMA,
         "mode": chosen.mode,
@@ -535,7 +531,7 @@ def format_table(document: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvlog.bench.spark", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.spark", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (a few minutes)")
     parser.add_argument("--out-dir", default="benchmarks/results", help="where spark.json goes")
     parser.add_argument("--work-dir", help="where the temporary stores go (default: the system temp)")

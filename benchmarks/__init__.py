@@ -1,11 +1,13 @@
 """kvlog's benchmark suite: kvlog side by side with its anchors (py-lmdb, sqlite3, a dict, raw S3).
 
-``kvlog bench [--quick] [--out FILE]`` (or ``python benchmarks/run.py``) runs
-:func:`run_suite`, prints a table, writes the results as JSON and draws PNG
-bar charts of the ratios next to it. The method of every benchmark is written
-into the JSON; ``benchmarks/README.md`` explains the file and the figures.
-Not part of the default test run (``tests/test_bench_quick.py`` runs a tiny
-configuration to keep the suite working).
+``python -m benchmarks [--quick] [--only ID] [--out FILE]`` (``make bench``), from the root
+of a source checkout, runs :func:`~benchmarks.suite.run_suite`, prints a table, writes the
+results as JSON and draws PNG bar charts of the ratios next to it. The method of every
+benchmark is written into the JSON; ``benchmarks/README.md`` explains the file and the
+figures. The suite lives beside the library, not in it: the kvlog wheel ships no harness,
+no plotting and no peer libraries (``pip install -e '.[bench]'`` adds what the suite needs).
+Not part of the default test run (``tests/test_bench_quick.py`` runs a tiny configuration to
+keep the suite working).
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvlog.bench.suite import Settings
+    from benchmarks.suite import Settings
 
-# The suite (numpy, lmdb, kvlog) is imported only when a benchmark runs, so building the
-# ``kvlog`` command line stays cheap.
+# The suite (numpy, lmdb, kvlog) is imported only when a benchmark runs: the child processes
+# import ``benchmarks.*`` modules, and some of them time kvlog's own import.
 __all__ = ["run", "main", "main_from_args", "add_arguments", "DEFAULT_OUT"]
 
 DEFAULT_OUT = "benchmarks/results/latest.json"
@@ -32,8 +34,8 @@ def run(
     table: bool = True, **options: Any,
 ) -> dict[str, Any]:
     """Run the suite, print the table, write ``out`` and its charts; return the document."""
-    from kvlog.bench.report import plot, render_table, write_json
-    from kvlog.bench.suite import run_suite
+    from benchmarks.report import plot, render_table, write_json
+    from benchmarks.suite import run_suite
 
     document = run_suite(settings, **options)
     if out is not None:
@@ -48,7 +50,7 @@ def run(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``bench`` options (shared by ``kvlog bench`` and ``benchmarks/run.py``)."""
+    """The suite's options (``python -m benchmarks --help``)."""
     parser.add_argument("--quick", action="store_true",
                         help="small sizes (50k records, memory at 20k vs 200k keys), about a minute")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"results JSON (default: {DEFAULT_OUT})")
@@ -73,10 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main_from_args(args: argparse.Namespace) -> int:
     """Run from parsed :func:`add_arguments` options; the exit code (1 if a benchmark failed)."""
-    from kvlog.bench.suite import settings_for
+    from benchmarks.suite import settings_for
 
     if args.show:
-        from kvlog.bench.report import markdown, render_table
+        from benchmarks.report import markdown, render_table
 
         document = json.loads(Path(args.show).read_text(encoding="utf-8"))
         if args.markdown:
@@ -105,20 +107,20 @@ def main_from_args(args: argparse.Namespace) -> int:
         failed = any(e["status"] == "error" for e in document["benchmarks"])
     out_dir = Path(args.out).parent
     if not only or any(o.startswith("compaction") for o in only):
-        from kvlog.bench.compaction import run_compaction_benchmarks
+        from benchmarks.compaction import run_compaction_benchmarks
 
         run_compaction_benchmarks(args.quick, out_dir, work_dir=args.work_dir)
     if not only or any(o.startswith("spark") for o in only):
-        # kvlog.bench.spark imports pyspark and spark_ext only when it runs.
-        from kvlog.bench.spark import run_spark_benchmarks
+        # benchmarks.spark imports pyspark and spark_ext only when it runs.
+        from benchmarks.spark import run_spark_benchmarks
 
         run_spark_benchmarks(args.quick, out_dir, work_dir=args.work_dir)
     return 1 if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m kvlog.bench`` / ``benchmarks/run.py``."""
-    parser = argparse.ArgumentParser(prog="kvlog bench", description=__doc__.splitlines()[0])
+    """``python -m benchmarks``: parse ``argv`` and run; the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return main_from_args(parser.parse_args(argv))
 

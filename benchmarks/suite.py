@@ -6,14 +6,14 @@ after it, the ratios ``subject / anchor``, and, where there is one, a goal
 with its outcome. Throughputs are the median of ``repeats`` runs (``puts_repeats`` for the
 puts); latencies are per-operation ``perf_counter`` samples summarised as p50/p90/p99.
 
-Groups (issue numbers of the project's tracker):
+Groups:
 
-``log`` (issue 3)
+``log``
     ``Producer.append`` of 1000-record batches vs py-lmdb puts in one
     transaction; durable flushes per second on local disk and on SeaweedFS vs
     one synced LMDB transaction per put (local) or one raw S3 PUT (SeaweedFS);
     commit latency on SeaweedFS vs a raw conditional S3 PUT.
-``store`` (issue 4)
+``store``
     buffered puts + flush vs py-lmdb (one transaction) and sqlite3
     (``executemany``, WAL, one transaction); random gets vs py-lmdb and a
     dict; a full scan vs an LMDB cursor; durable writes from 16 threads vs
@@ -21,7 +21,7 @@ Groups (issue numbers of the project's tracker):
     store sizes, each in a fresh process; reopening after the writer was
     killed (``kill -9``) in four states, a fresh process's ``kvlog.open`` +
     first get vs py-lmdb's (and rocksdict's) reopen after a killed writer
-    (:mod:`kvlog.bench.recovery`).
+    (:mod:`benchmarks.recovery`).
 """
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ import lmdb
 import numpy as np
 
 import kvlog
-from kvlog.bench.data import KEY_BYTES, VALUE_BYTES, make_keys, make_values, median, percentiles
-from kvlog.bench.machine import machine_info
-from kvlog.bench.recovery import (
+from benchmarks.children import child_env
+from benchmarks.data import KEY_BYTES, VALUE_BYTES, make_keys, make_values, median, percentiles
+from benchmarks.machine import machine_info
+from benchmarks.recovery import (
     MID_FLUSH_KILL_FRACTIONS,
     STATES,
     Plan,
@@ -58,8 +59,7 @@ from kvlog.bench.recovery import (
     measure_recovery,
     min_commits,
 )
-from kvlog.clock import SystemClock
-from kvlog.config import StoreConfig
+from kvlog import StoreConfig, SystemClock
 from kvlog.log import open_log
 
 __all__ = ["Settings", "FULL", "QUICK", "TINY", "run_suite", "SCHEMA"]
@@ -219,7 +219,7 @@ class Progress:
                                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                                      transient=True)
             self._bar.__enter__()
-            self._task = self._bar.add_task("kvlog bench", total=self._total)
+            self._task = self._bar.add_task("kvlog benchmarks", total=self._total)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -361,7 +361,7 @@ def threaded_loop(op: Callable[[int, int], object], threads: int,
     return sum(c for c, _l in results), elapsed, [x for _c, lat in results for x in lat]
 
 
-# -- log benchmarks (issue 3) --------------------------------------------------------------------
+# -- log benchmarks --------------------------------------------------------------------------------
 
 def bench_log_append(ctx: Context) -> dict[str, Any]:
     """(a) Producer.append of 1000-record batches vs py-lmdb puts in one transaction."""
@@ -651,7 +651,7 @@ def bench_log_s3(ctx: Context) -> list[dict[str, Any]]:
     ]
 
 
-# -- store benchmarks (issue 4) ------------------------------------------------------------------
+# -- store benchmarks ------------------------------------------------------------------------------
 
 def bench_store_puts(ctx: Context) -> dict[str, Any]:
     """Buffered puts then flush vs py-lmdb (one txn) and sqlite3 executemany (WAL, one txn)."""
@@ -1040,11 +1040,11 @@ def bench_store_durable_threads(ctx: Context) -> dict[str, Any]:
 def _rss_child(ctx: Context, keys: int) -> dict[str, Any]:
     s = ctx.settings
     path = ctx.new_dir(f"rss-{keys}") / "store"
-    command = [sys.executable, "-m", "kvlog.bench.rss", "--keys", str(keys), "--dir", str(path),
+    command = [sys.executable, "-m", "benchmarks.rss", "--keys", str(keys), "--dir", str(path),
                "--seed", str(s.seed), "--gets", str(s.rss_gets),
                "--settings", json.dumps(s.store_settings)]
     t0 = perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=child_env())
     wall = perf_counter() - t0
     if done.returncode != 0:
         raise RuntimeError(f"the memory run for {keys} keys failed:\n{done.stderr[-2000:]}")
@@ -1067,7 +1067,7 @@ def bench_store_memory(ctx: Context) -> dict[str, Any]:
     lo_mib = lo["peak_kib"] / 1024
     hi_mib = hi["peak_kib"] / 1024
     method = (
-        f"Two fresh processes (python -m kvlog.bench.rss), one per size: each opens a new local "
+        f"Two fresh processes (python -m benchmarks.rss), one per size: each opens a new local "
         f"store, puts N records (16-byte keys, 100-byte values, generated 10,000 at a time so the "
         f"driver holds little), flushes, compacts once (compact(force=True), so both sizes go "
         f"through the same phases and the compactor's fixed costs are in both), then gets "

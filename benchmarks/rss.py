@@ -1,6 +1,6 @@
 """Anonymous memory of a store holding N keys, measured in a fresh process.
 
-Run as ``python -m kvlog.bench.rss --keys N --dir DIR``; prints one JSON
+Run as ``python -m benchmarks.rss --keys N --dir DIR``; prints one JSON
 object. The process writes N records (16-byte keys, 100-byte values) with
 buffered ``put`` and a final ``flush``, runs one forced compaction
 (``compact(force=True)``: every size goes through the same phases, so the
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from kvlog.bench.data import keys_at, make_keys, make_values
-from kvlog.bench.machine import read_status_kib
+from benchmarks.data import keys_at, make_keys, make_values
+from benchmarks.machine import read_status_kib
 
 __all__ = ["RssSampler", "measure_store_memory", "main"]
 
@@ -149,7 +149,7 @@ def measure_store_memory(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvlog.bench.rss", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.rss", description=__doc__)
     parser.add_argument("--keys", type=int, required=True)
     parser.add_argument("--dir", required=True, help="a new store directory")
     parser.add_argument("--seed", type=int, default=0)

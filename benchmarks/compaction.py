@@ -1,10 +1,10 @@
 """Compaction benchmarks: the offset map, a cleaning round against the I/O floor, requests, memory.
 
 Each figure sits next to an anchor measured in the same run and is reported as
-a ratio (DESIGN §8, STYLE #15):
+a ratio (``docs/benchmarks.rst`` explains the method and the figures):
 
 ``compaction.map_capacity`` / ``map_build`` / ``map_memory`` (a)
-    distinct keys an :class:`~kvlog.compaction.offset_map.OffsetMap` of
+    distinct keys an :class:`~kvlog.compaction.OffsetMap` of
     ``offset_map_bytes`` holds (anchors: the goal of 7 M keys per 128 MiB,
     Kafka's 24 bytes per entry, WarpStream's 41); the time to fingerprint and
     insert N distinct keys fed in Arrow-batch-sized chunks (anchor: a Python
@@ -32,10 +32,10 @@ flusher writes (one L0 data file per flush of ``flush_bytes``, holding every
 partition's batch, committed by an idempotent producer through
 :meth:`kvlog.Log.append_batches`), but builds the Arrow batches from numpy
 buffers instead of one ``put`` call per record. Compactions run in a fresh
-process (``python -m kvlog.bench.compaction --child-compact DIR``) so their
+process (``python -m benchmarks.compaction --child-compact DIR``) so their
 memory can be measured.
 
-Run ``python -m kvlog.bench.compaction [--quick] [--out-dir DIR]``; the
+Run ``python -m benchmarks.compaction [--quick] [--out-dir DIR]``; the
 benchmark suite calls :func:`run_compaction_benchmarks`.
 """
 
@@ -64,24 +64,25 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 import kvlog
-from kvlog.bench.data import KEY_BYTES, key_bytes, keys_at, median
-from kvlog.bench.machine import machine_info
-from kvlog.bench.report import save_results, text_table
-from kvlog.bench.rss import RssSampler
-from kvlog.clock import SystemClock
-from kvlog.compaction.offset_map import SLOT_BYTES, OffsetMap, capacity_for, fingerprints
-from kvlog.format.datafile import SCHEMA as DATA_SCHEMA
-from kvlog.log.flusher import RECORD_OVERHEAD_BYTES
-from kvlog.log.log import PendingBatch
-from kvlog.log.producers import SEQUENCE_MODULUS
-from kvlog.log.records import partition_for_key
+from benchmarks.children import child_env
+from benchmarks.data import KEY_BYTES, key_bytes, keys_at, median
+from benchmarks.machine import machine_info
+from benchmarks.report import save_results, text_table
+from benchmarks.rss import RssSampler
+from benchmarks.sizing import records_per_flush
+from kvlog.compaction import SLOT_BYTES, OffsetMap, capacity_for, fingerprints
+from kvlog.format import SCHEMA as DATA_SCHEMA
+from kvlog.log import PendingBatch, partition_for_key
 
-__all__ = ["Sizes", "FULL", "QUICK", "TINY", "SCHEMA", "run_compaction_benchmarks", "format_table",
-           "main"]
+__all__ = [
+    "FULL", "QUICK", "SCHEMA", "TINY", "Sizes", "ascending_key_order", "batch_records", "bulk_load",
+    "format_table", "io_floor", "live_files", "loadavg", "main", "make_entry", "measure",
+    "partition_table", "records_per_file", "run_compaction_benchmarks",
+]
 
 SCHEMA = "kvlog-bench-compaction/1"
 MiB = 1024 * 1024
-#: DESIGN §8: at least 7 M distinct keys per 128 MiB of offset map.
+#: The goal: at least 7 M distinct keys per 128 MiB of offset map (docs/compaction.rst).
 GOAL_KEYS_PER_128_MIB = 7_000_000
 KAFKA_ENTRY_BYTES = 24
 WARPSTREAM_ENTRY_BYTES = 41
@@ -90,6 +91,8 @@ FLOOR_GOAL_RATIO = 2.0
 #: (d): peak RssAnon growth at most offset_map_bytes + this.
 RSS_SLACK_BYTES = 64 * MiB
 RSS_INTERVAL_S = 0.05
+#: Producer sequences wrap after ``2**31 - 1`` to 0, as in Kafka (docs/log.rst).
+SEQUENCE_WRAP = 2**31
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ METHOD = (
     "flush_bytes = `flush_bytes` (one L0 file per flush holding every partition's batch, "
     "committed by an idempotent producer through Log.append_batches) from numpy buffers. Each "
     "compaction is one Store.compact(force=True) in a fresh process (python -m "
-    "kvlog.bench.compaction --child-compact) with background_compaction=False, flush_interval_ms=0 "
+    "benchmarks.compaction --child-compact) with background_compaction=False, flush_interval_ms=0 "
     "and the Python garbage collector on, as in real use; its time is the compact() call alone. "
     "The I/O floor runs in the parent process after the compaction, on the same input files "
     "(still on disk: replaced inputs are deleted only by GC after file_delete_delay_ms), so both "
@@ -155,7 +158,7 @@ METHOD = (
 
 # -- helpers -----------------------------------------------------------------------------------
 
-def _loadavg() -> list[float]:
+def loadavg() -> list[float]:
     try:
         with open("/proc/loadavg", encoding="ascii") as f:
             return [float(x) for x in f.read().split()[:3]]
@@ -163,17 +166,17 @@ def _loadavg() -> list[float]:
         return []
 
 
-def _measure(key: str, name: str, unit: str, runs: Sequence[float], **extra: Any) -> dict[str, Any]:
+def measure(key: str, name: str, unit: str, runs: Sequence[float], **extra: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"key": key, "name": name, "unit": unit, "value": median(runs),
                            "runs": [float(r) for r in runs]}
     out.update(extra)
     return out
 
 
-def _entry(bench_id: str, title: str, method: str, subject: dict[str, Any], anchors: list[dict[str, Any]],
+def make_entry(bench_id: str, title: str, method: str, subject: dict[str, Any], anchors: list[dict[str, Any]],
            *, higher_is_better: bool, seconds: float, goal: dict[str, Any] | None = None,
            group: str = "compaction", **extra: Any) -> dict[str, Any]:
-    """A benchmark's entry, in the shape of the general suite's (``kvlog.bench.suite``)."""
+    """A benchmark's entry, in the shape of the general suite's (``benchmarks.suite``)."""
     ratios: dict[str, dict[str, float | None]] = {}
     for anchor in anchors:
         value = anchor["value"]
@@ -197,7 +200,7 @@ def _failed(bench_id: str, title: str, status: str, reason: str) -> dict[str, An
 
 
 def key_list(indices: npt.NDArray[np.uint64], seed: int = 0) -> list[bytes]:
-    """The keys of ``indices`` (as :func:`kvlog.bench.data.keys_at`)."""
+    """The keys of ``indices`` (as :func:`benchmarks.data.keys_at`)."""
     return keys_at(indices, seed)
 
 
@@ -217,7 +220,7 @@ def _fixed_binary(data: bytes, width: int, count: int) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
-def _partition_table(universe: int, partitions: int, seed: int, chunk: int = 262_144) -> npt.NDArray[np.int64]:
+def partition_table(universe: int, partitions: int, seed: int, chunk: int = 262_144) -> npt.NDArray[np.int64]:
     """The partition of every key index below ``universe`` (kvlog's own partition_for_key)."""
     out = np.empty(universe, dtype=np.int64)
     for start in range(0, universe, chunk):
@@ -229,13 +232,13 @@ def _partition_table(universe: int, partitions: int, seed: int, chunk: int = 262
 
 def records_per_file(sizes: Sizes) -> int:
     """Records of one loaded data file: what one flush of ``flush_bytes`` holds."""
-    return max(1, sizes.flush_bytes // (KEY_BYTES + sizes.value_bytes + RECORD_OVERHEAD_BYTES))
+    return records_per_flush(sizes.flush_bytes, KEY_BYTES, sizes.value_bytes)
 
 
-def bulk_load(store: kvlog.Store, key_indices: npt.NDArray[np.uint64], per_file: int, *, seed: int,
+def bulk_load(the_log: kvlog.Log, key_indices: npt.NDArray[np.uint64], per_file: int, *, seed: int,
               value_bytes: int, partition_of: npt.NDArray[np.int64]) -> dict[str, Any]:
-    """Append records with keys ``key_indices`` (in order), ``per_file`` per data file and commit."""
-    the_log = store.log
+    """Append records with keys ``key_indices`` (in order), ``per_file`` per data file, to
+    ``the_log`` (a store's ``store.log``, or a log of :func:`kvlog.log.open_log`) and commit."""
     producer = the_log.producer()
     sequences: dict[int, int] = {}
     files = 0
@@ -261,7 +264,7 @@ def bulk_load(store: kvlog.Store, key_indices: npt.NDArray[np.uint64], per_file:
             ], schema=DATA_SCHEMA)
             seq = sequences.get(p, 0)
             batches.append(PendingBatch(p, records, seq))
-            sequences[p] = (seq + n) % SEQUENCE_MODULUS
+            sequences[p] = (seq + n) % SEQUENCE_WRAP
         the_log.append_batches(producer.producer_id, producer.epoch, batches)
         files += 1
     return {"records": int(len(key_indices)), "files": files, "records_per_file": per_file,
@@ -274,12 +277,26 @@ def _store_settings(map_bytes: int, partitions: int, flush_bytes: int) -> dict[s
             "partitions": partitions}
 
 
-def _live_files(store: kvlog.Store) -> list[dict[str, Any]]:
+# What a log holds, file by file and batch by batch: Store.stats() counts files and batches but
+# does not list them, so these two read one snapshot of the log's metadata (Log.snapshot).
+
+def live_files(the_log: kvlog.Log) -> list[dict[str, Any]]:
+    """The live data files of ``the_log``: their metadata entries (``path`` relative to the
+    store's root, ``size``, ``level``…) with their ``file_id``."""
     def read(r: Any) -> list[dict[str, Any]]:
         return [dict(entry, file_id=file_id) for file_id, entry in r.iter_files()]
 
-    files: list[dict[str, Any]] = store.log.snapshot(read)
+    files: list[dict[str, Any]] = the_log.snapshot(read)
     return files
+
+
+def batch_records(the_log: kvlog.Log) -> list[int]:
+    """The records of every live batch of ``the_log``, partition by partition, in offset order."""
+    def read(r: Any) -> list[int]:
+        return [int(b["n"]) for p in range(the_log.partitions) for b in r.iter_batches(p, 0)]
+
+    counts: list[int] = the_log.snapshot(read)
+    return counts
 
 
 # -- the compaction child ------------------------------------------------------------------------
@@ -304,7 +321,7 @@ def child_compact(path: str, settings: dict[str, Any]) -> dict[str, Any]:
         sampler.stop()
     finally:
         store.close()
-    from kvlog.bench.machine import read_status_kib
+    from benchmarks.machine import read_status_kib
 
     return {"compact_s": seconds, "baseline_kib": baseline, "peak_kib": peak,
             "growth_kib": peak - baseline, "samples": sampler.samples,
@@ -312,10 +329,10 @@ def child_compact(path: str, settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_child(path: Path, settings: dict[str, Any]) -> dict[str, Any]:
-    command = [sys.executable, "-m", "kvlog.bench.compaction", "--child-compact", str(path),
+    command = [sys.executable, "-m", "benchmarks.compaction", "--child-compact", str(path),
                "--settings", json.dumps(settings)]
     t0 = perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=child_env())
     if done.returncode != 0:
         raise RuntimeError(f"the compaction process failed:\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -380,7 +397,7 @@ def _compact_against_floor(store_dir: Path, settings: dict[str, Any], repeats: i
     """Compact the closed store at ``store_dir`` in a child ``repeats`` times (each on a fresh
     clone of the loaded store), then measure the floor on its input files."""
     with kvlog.open(store_dir, read_only=True) as ro:
-        inputs = [store_dir / f["path"] for f in _live_files(ro)]
+        inputs = [store_dir / f["path"] for f in live_files(ro.log)]
         compression = ro.config.compression
     runs = []
     for r in range(1, repeats):
@@ -396,10 +413,9 @@ def _compact_against_floor(store_dir: Path, settings: dict[str, Any], repeats: i
     child["compact_s"] = median(child["compact_runs_s"])
     child["growth_kib"] = max(run["growth_kib"] for run in runs)
     with kvlog.open(store_dir, read_only=True) as ro:
-        outputs = [store_dir / f["path"] for f in _live_files(ro)]
+        outputs = [store_dir / f["path"] for f in live_files(ro.log)]
         stats = ro.stats()
-        sizes = ro.log.snapshot(lambda r: [int(b["n"]) for p in range(ro.log.partitions)
-                                           for b in r.iter_batches(p, 0)])
+        sizes = batch_records(ro.log)
     child["output_batches"] = len(sizes)
     child["output_batch_max_records"] = max(sizes, default=0)
     survivors = []
@@ -417,7 +433,7 @@ def _compact_against_floor(store_dir: Path, settings: dict[str, Any], repeats: i
 
 def bench_map(sizes: Sizes) -> list[dict[str, Any]]:
     n, map_bytes, chunk = sizes.map_keys, sizes.map_bytes, sizes.chunk
-    load = [_loadavg()]
+    load = [loadavg()]
     began = perf_counter()
     seed = 0x6B766C6F67 + sizes.seed
     chunks = [key_list(np.arange(s, min(n, s + chunk), dtype=np.uint64), sizes.seed)
@@ -490,7 +506,7 @@ def bench_map(sizes: Sizes) -> list[dict[str, Any]]:
     dict_bytes = sys.getsizeof(table) + n * sys.getsizeof(chunks[0][0]) + large_ints * sys.getsizeof(2**20)
     del table, chunks
     gc.collect()
-    load.append(_loadavg())
+    load.append(loadavg())
 
     capacity = capacity_for(map_bytes, 0.9)
     goal_keys = GOAL_KEYS_PER_128_MIB * map_bytes // (128 * MiB)
@@ -498,26 +514,26 @@ def bench_map(sizes: Sizes) -> list[dict[str, Any]]:
     warpstream = map_bytes // WARPSTREAM_ENTRY_BYTES
     seconds = perf_counter() - began
     common: dict[str, Any] = {"keys": n, "offset_map_bytes": map_bytes, "chunk": chunk, "loadavg": load}
-    cap_entry = _entry(
+    cap_entry = make_entry(
         "compaction.map_capacity", f"offset map capacity, {map_bytes // MiB} MiB", (
             f"capacity_for(offset_map_bytes, 0.9): {SLOT_BYTES}-byte slots (96-bit fingerprint + "
-            f"32-bit relative offset) at load factor 0.9. Anchors: DESIGN §8's goal of "
+            f"32-bit relative offset) at load factor 0.9. Anchors: the goal of "
             f"{GOAL_KEYS_PER_128_MIB:,} keys per 128 MiB (scaled to this map's size); Kafka's "
             f"{KAFKA_ENTRY_BYTES} bytes per entry at the same load factor; WarpStream's "
             f"{WARPSTREAM_ENTRY_BYTES} bytes per entry. Checked: {n:,} distinct keys inserted into "
             f"one map without it filling, and a sample of {len(picks):,} looked up to their own "
             f"offsets ({wrong} wrong)."),
-        _measure("kvlog", "kvlog OffsetMap", "keys", [capacity], inserted=size_after,
+        measure("kvlog", "kvlog OffsetMap", "keys", [capacity], inserted=size_after,
                  lookup_sample=len(picks), lookup_wrong=wrong),
-        [_measure("goal", "DESIGN §8 goal", "keys", [goal_keys]),
-         _measure("kafka_24B", "Kafka, 24 B/entry, load 0.9", "keys", [kafka]),
-         _measure("warpstream_41B", "WarpStream, 41 B/entry", "keys", [warpstream])],
+        [measure("goal", "goal: 7 M keys per 128 MiB", "keys", [goal_keys]),
+         measure("kafka_24B", "Kafka, 24 B/entry, load 0.9", "keys", [kafka]),
+         measure("warpstream_41B", "WarpStream, 41 B/entry", "keys", [warpstream])],
         higher_is_better=True, seconds=0.0,
         goal={"text": f"capacity >= {goal_keys:,} keys and all {n:,} keys fit in one pass",
               "value": capacity, "met": bool(capacity >= goal_keys and size_after == n and not wrong)},
         **common,
     )
-    build_entry = _entry(
+    build_entry = make_entry(
         "compaction.map_build", f"fingerprint + insert {n:,} keys", (
             f"Keys made beforehand in chunks of {chunk:,} (list[bytes], an Arrow batch's worth) and "
             f"kept for every run. kvlog: OffsetMap(offset_map_bytes) + clear(), then per chunk "
@@ -526,14 +542,14 @@ def bench_map(sizes: Sizes) -> list[dict[str, Any]]:
             f"fraction of the table's slots filled when each chunk went in). Anchor: "
             f"dict.update(zip(chunk, offsets)) per chunk "
             f"into one dict (a map that keeps the keys). One run each; lower is better."),
-        _measure("kvlog", "OffsetMap fingerprint + insert", "s", [total_s], alloc_s=alloc_s,
+        measure("kvlog", "OffsetMap fingerprint + insert", "s", [total_s], alloc_s=alloc_s,
                  fingerprint_s=fp_s, insert_s=ins_s, keys_per_s=n / total_s if total_s else None,
                  insert_by_load=insert_by_load),
-        [_measure("dict", "Python dict key -> offset", "s", [dict_s],
+        [measure("dict", "Python dict key -> offset", "s", [dict_s],
                   keys_per_s=n / dict_s if dict_s else None)],
         higher_is_better=False, seconds=seconds, key_generation_s=gen_s, **common,
     )
-    memory_entry = _entry(
+    memory_entry = make_entry(
         "compaction.map_memory", f"traced memory of the map, {n:,} keys", (
             "tracemalloc started after the key chunks were made; the figure is the traced peak "
             "above the traced memory at start while allocating, clearing and filling the map "
@@ -542,9 +558,9 @@ def bench_map(sizes: Sizes) -> list[dict[str, Any]]:
             "which tracemalloc does not trace). Anchors: offset_map_bytes; and the memory a dict "
             "key -> offset of the same keys would hold: sys.getsizeof(dict) + the key objects + "
             "the int objects (computed, not traced)."),
-        _measure("kvlog", "OffsetMap traced peak", "MiB", [traced_peak / MiB], map_buffer_bytes=nbytes),
-        [_measure("offset_map_bytes", "offset_map_bytes", "MiB", [map_bytes / MiB]),
-         _measure("dict", "Python dict key -> offset (computed)", "MiB", [dict_bytes / MiB])],
+        measure("kvlog", "OffsetMap traced peak", "MiB", [traced_peak / MiB], map_buffer_bytes=nbytes),
+        [measure("offset_map_bytes", "offset_map_bytes", "MiB", [map_bytes / MiB]),
+         measure("dict", "Python dict key -> offset (computed)", "MiB", [dict_bytes / MiB])],
         higher_is_better=False, seconds=0.0, **common,
     )
     return [cap_entry, build_entry, memory_entry]
@@ -555,19 +571,19 @@ def _memory_entry(bench_id: str, title: str, of: str, child: dict[str, Any], map
     """(d): the peak RssAnon growth of a child compaction against offset_map_bytes + 64 MiB."""
     bound = map_bytes + RSS_SLACK_BYTES
     growth = child["growth_kib"] * 1024
-    return _entry(
+    return make_entry(
         bench_id, title, (
-            f"The compaction of {of} runs in a fresh process (python -m kvlog.bench.compaction "
+            f"The compaction of {of} runs in a fresh process (python -m benchmarks.compaction "
             f"--child-compact): it imports kvlog, warms pyarrow, opens the store, collects garbage, "
             f"samples RssAnon from /proc/self/status (the baseline), then a thread samples it every "
             f"{RSS_INTERVAL_S * 1000:.0f} ms during Store.compact(). The figure is the growth: peak "
             f"sample - baseline; the absolute peak, the baseline and VmHWM (which also counts "
             f"file-backed LMDB pages) are beside it. Anchor and bound: offset_map_bytes + "
             f"{RSS_SLACK_BYTES // MiB} MiB."),
-        _measure("kvlog", "peak RssAnon - baseline", "MiB", [growth / MiB],
+        measure("kvlog", "peak RssAnon - baseline", "MiB", [growth / MiB],
                  peak_mib=child["peak_kib"] / 1024, baseline_mib=child["baseline_kib"] / 1024,
                  vm_hwm_mib=(child["vm_hwm_kib"] or 0) / 1024, samples=child["samples"]),
-        [_measure("bound", f"offset_map_bytes + {RSS_SLACK_BYTES // MiB} MiB", "MiB", [bound / MiB])],
+        [measure("bound", f"offset_map_bytes + {RSS_SLACK_BYTES // MiB} MiB", "MiB", [bound / MiB])],
         higher_is_better=False, seconds=0.0,
         goal={"text": f"peak - baseline <= offset_map_bytes + {RSS_SLACK_BYTES // MiB} MiB",
               "value": growth / MiB, "met": bool(growth <= bound),
@@ -581,24 +597,24 @@ def _memory_entry(bench_id: str, title: str, of: str, child: dict[str, Any], map
 def bench_one_round(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
     n = sizes.round_keys
     began = perf_counter()
-    load = [_loadavg()]
+    load = [loadavg()]
     store_dir = work / "one-round"
     settings = _store_settings(sizes.map_bytes, 1, sizes.flush_bytes)
     per_file = records_per_file(sizes)
     with kvlog.open(store_dir, **settings) as store:
-        loaded = bulk_load(store, ascending_key_order(n, sizes.seed), per_file, seed=sizes.seed,
+        loaded = bulk_load(store.log, ascending_key_order(n, sizes.seed), per_file, seed=sizes.seed,
                            value_bytes=sizes.value_bytes, partition_of=np.zeros(n, dtype=np.int64))
     gc.collect()
     child, floor = _compact_against_floor(store_dir, {k: v for k, v in settings.items() if k != "partitions"},
                                           1, work)
     shutil.rmtree(store_dir, ignore_errors=True)
-    load.append(_loadavg())
+    load.append(loadavg())
     report = child["report"]
     capacity = capacity_for(sizes.map_bytes, 0.9)
     one_round = bool(report["rounds"] == 1 and not report["partial"] and report["records_written"] == n
                      and report["records_read"] == n)
     compact_s = child["compact_s"]
-    round_entry = _entry(
+    round_entry = make_entry(
         "compaction.one_round", f"one cleaning round, {n:,} distinct keys, 1 partition", (
             f"A one-partition store of {n:,} distinct keys ({sizes.value_bytes}-byte values, "
             f"{loaded['files']} L0 files of {per_file:,} records, appended in ascending key order "
@@ -608,11 +624,11 @@ def bench_one_round(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
             "every record read and kept. Anchor: the I/O floor on the same files (read every input "
             "twice with pyarrow ipc.open_file + read_all, write the survivors once with "
             "ipc.new_file, same compression, then fsync), one run."),
-        _measure("kvlog", "Store.compact(force=True)", "s", [compact_s],
+        measure("kvlog", "Store.compact(force=True)", "s", [compact_s],
                  records_per_s=n / compact_s if compact_s else None, report=report,
                  output_batches=child["output_batches"],
                  output_batch_max_records=child["output_batch_max_records"]),
-        [_measure("io_floor", "pyarrow: read inputs twice, write survivors once", "s",
+        [measure("io_floor", "pyarrow: read inputs twice, write survivors once", "s",
                   floor["runs_s"], detail=floor)],
         higher_is_better=False, seconds=perf_counter() - began,
         goal={"text": "one round: not partial, all keys kept", "value": report["records_written"],
@@ -629,23 +645,23 @@ def bench_one_round(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
 
 def bench_vs_floor(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
     began = perf_counter()
-    load = [_loadavg()]
+    load = [loadavg()]
     store_dir = work / "vs-floor"
     settings = _store_settings(sizes.floor_map_bytes, sizes.partitions, sizes.flush_bytes)
     rng = np.random.default_rng([sizes.seed, 2])
     key_indices = rng.integers(0, sizes.keys, size=sizes.records, dtype=np.uint64)
     distinct = int(np.unique(key_indices).size)
-    partition_of = _partition_table(sizes.keys, sizes.partitions, sizes.seed)
+    partition_of = partition_table(sizes.keys, sizes.partitions, sizes.seed)
     per_file = records_per_file(sizes)
     with kvlog.open(store_dir, **settings) as store:
-        loaded = bulk_load(store, key_indices, per_file, seed=sizes.seed, value_bytes=sizes.value_bytes,
+        loaded = bulk_load(store.log, key_indices, per_file, seed=sizes.seed, value_bytes=sizes.value_bytes,
                            partition_of=partition_of)
     del key_indices, partition_of
     gc.collect()
     child, floor = _compact_against_floor(store_dir, {k: v for k, v in settings.items() if k != "partitions"},
                                           sizes.floor_repeats, work)
     shutil.rmtree(store_dir, ignore_errors=True)
-    load.append(_loadavg())
+    load.append(loadavg())
     report = child["report"]
     correct = bool(report["records_read"] == sizes.records and report["records_written"] == distinct
                    and not report["partial"])
@@ -656,7 +672,7 @@ def bench_vs_floor(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
         "compaction.memory_partitions", f"peak RssAnon, {sizes.records:,} records, "
         f"{sizes.partitions} partitions", "compaction.vs_io_floor", child, sizes.floor_map_bytes,
         records=sizes.records)
-    return [_entry(
+    return [make_entry(
         "compaction.vs_io_floor",
         f"cleaning round, {sizes.records:,} records over {sizes.keys:,} keys vs the I/O floor", (
             f"{sizes.records:,} records ({KEY_BYTES}-byte keys drawn uniformly from {sizes.keys:,}, "
@@ -671,12 +687,12 @@ def bench_vs_floor(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
             f"compaction's own outputs) written once with ipc.new_file in the same compression and "
             f"fsynced, as the store's put does; median of {sizes.floor_repeats} runs. Ratio = "
             f"compaction seconds / floor seconds; goal <= {FLOOR_GOAL_RATIO}."),
-        _measure("kvlog", "Store.compact(force=True)", "s", child["compact_runs_s"],
+        measure("kvlog", "Store.compact(force=True)", "s", child["compact_runs_s"],
                  records_per_s=sizes.records / compact_s if compact_s else None, report=report,
                  peak_rss_growth_mib=growth_mib, baseline_rss_mib=child["baseline_kib"] / 1024,
                  output_batches=child["output_batches"],
                  output_batch_max_records=child["output_batch_max_records"]),
-        [_measure("io_floor", "pyarrow: read inputs twice, write survivors once", "s", floor["runs_s"],
+        [measure("io_floor", "pyarrow: read inputs twice, write survivors once", "s", floor["runs_s"],
                   detail=floor)],
         higher_is_better=False, seconds=perf_counter() - began,
         goal={"text": f"compaction <= {FLOOR_GOAL_RATIO}x the I/O floor", "value": ratio,
@@ -689,7 +705,7 @@ def bench_vs_floor(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
 
 def bench_requests(sizes: Sizes, work: Path, server: Any | None) -> dict[str, Any]:
     began = perf_counter()
-    load = [_loadavg()]
+    load = [loadavg()]
     own = None
     if server is None:
         from kvlog.testing.seaweedfs import SeaweedServer
@@ -700,9 +716,9 @@ def bench_requests(sizes: Sizes, work: Path, server: Any | None) -> dict[str, An
         bucket = "kvlog-bench-compaction"
         server.create_bucket(bucket)
         settings = _store_settings(4 * MiB, sizes.partitions, sizes.flush_bytes)
-        partition_of = _partition_table(sizes.request_keys, sizes.partitions, sizes.seed)
+        partition_of = partition_table(sizes.request_keys, sizes.partitions, sizes.seed)
         rows: list[dict[str, Any]] = []
-        tag = SystemClock().now_ms()
+        tag = kvlog.SystemClock().now_ms()
         for files in sizes.request_files:
             uri = server.uri(bucket, f"requests-{tag}-{files}")
             cache = work / f"cache-requests-{files}"
@@ -711,7 +727,7 @@ def bench_requests(sizes: Sizes, work: Path, server: Any | None) -> dict[str, An
             key_indices = rng.integers(0, sizes.request_keys, size=files * per, dtype=np.uint64)
             with kvlog.open(uri, storage_options=dict(server.storage_options), cache_dir=cache,
                             **settings) as store:
-                bulk_load(store, key_indices, per, seed=sizes.seed, value_bytes=sizes.value_bytes,
+                bulk_load(store.log, key_indices, per, seed=sizes.seed, value_bytes=sizes.value_bytes,
                           partition_of=partition_of)
                 storage = store.log.storage
                 before = Counter(storage.requests)
@@ -735,12 +751,12 @@ def bench_requests(sizes: Sizes, work: Path, server: Any | None) -> dict[str, An
     finally:
         if own is not None:
             own.stop()
-    load.append(_loadavg())
+    load.append(loadavg())
     total_files = sum(r["input_files"] for r in rows)
     per_file = sum(r["stream_gets"] for r in rows) / total_files
     met = all(r["stream_gets"] == r["expected_stream_gets"] and r["files_in"] == r["input_files"]
               for r in rows)
-    return _entry(
+    return make_entry(
         "compaction.requests_s3", "requests per compaction job on SeaweedFS", (
             f"For each of {list(sizes.request_files)} input files: a new store on SeaweedFS (weed "
             f"mini on loopback, obstore client), {sizes.partitions} partitions, loaded with that many "
@@ -749,9 +765,9 @@ def bench_requests(sizes: Sizes, work: Path, server: Any | None) -> dict[str, An
             f"store.log.storage.requests (a Counter by kind) across one Store.compact(force=True) in "
             f"the same process. gets = get + range_get + stream; puts = put + put_if_absent (the "
             f"outputs and the replace commit). Figure: stream GETs per input file over all runs; "
-            f"anchor: DESIGN §8's 2 (stream A and B)."),
-        _measure("kvlog", "stream GETs per input file", "GETs/file", [per_file], rows=rows),
-        [_measure("design", "DESIGN §8: 2 per input file", "GETs/file", [2.0])],
+            f"anchor: the design's 2, streams A and B (docs/compaction.rst)."),
+        measure("kvlog", "stream GETs per input file", "GETs/file", [per_file], rows=rows),
+        [measure("design", "design: 2 per input file", "GETs/file", [2.0])],
         higher_is_better=False, seconds=perf_counter() - began,
         goal={"text": "exactly 2 stream GETs per input file, for 1, 4 and 16 files", "value": per_file,
               "met": met},
@@ -776,12 +792,12 @@ def run_compaction_benchmarks(
     """
     chosen = sizes or (QUICK if quick else FULL)
     began = perf_counter()
-    started = datetime.fromtimestamp(SystemClock().now_ms() / 1000, UTC)
+    started = datetime.fromtimestamp(kvlog.SystemClock().now_ms() / 1000, UTC)
     say = progress or (lambda _line: None)
     entries: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="kvlog-bench-compaction-", dir=work_dir))
     info = machine_info(work)
-    info["loadavg_start"] = _loadavg()
+    info["loadavg_start"] = loadavg()
     s3_missing: str | None = None
     if not chosen.seaweedfs:
         s3_missing = "disabled by sizes.seaweedfs"
@@ -824,7 +840,7 @@ def run_compaction_benchmarks(
             gc.collect()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    info["loadavg_end"] = _loadavg()
+    info["loadavg_end"] = loadavg()
     document: dict[str, Any] = {
         "schema": SCHEMA,
         "mode": chosen.mode,
@@ -872,7 +888,7 @@ def format_table(document: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvlog.bench.compaction",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compaction",
                                      description="kvlog's compaction benchmarks")
     parser.add_argument("--quick", action="store_true", help="small sizes (a minute or two)")
     parser.add_argument("--out-dir", default="benchmarks/results", help="where the JSON goes")

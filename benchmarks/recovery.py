@@ -2,7 +2,7 @@
 
 A store's writer may die at any moment, and the next process must answer its first read in
 about the same time whatever the writer was doing. This module measures it. For each *state*
-a writer subprocess (:mod:`kvlog.bench.recovery_child`) loads N records into a new local store
+a writer subprocess (:mod:`benchmarks.recovery_child`) loads N records into a new local store
 (16-byte keys, 100-byte values, ``background_compaction=False``), one commit per
 :func:`commit_records_for` records, reports each commit's pending key-index runs on stdout,
 and the parent sends it SIGKILL at a chosen point:
@@ -46,10 +46,10 @@ from typing import IO, Any
 
 import numpy as np
 
-import kvlog
-from kvlog.bench.data import KEY_BYTES, VALUE_BYTES, make_keys, make_values
-from kvlog.config import StoreConfig
-from kvlog.log.flusher import RECORD_OVERHEAD_BYTES
+from benchmarks.children import child_env
+from benchmarks.data import KEY_BYTES, VALUE_BYTES, make_keys, make_values
+from benchmarks.sizing import records_per_flush
+from kvlog import StoreConfig
 
 __all__ = ["STATES", "ANCHORS", "COMMITS_BEYOND_LIMIT", "Plan", "min_commits", "commit_records_for",
            "rocksdict_missing", "measure_recovery"]
@@ -110,7 +110,7 @@ def commit_records_for(keys: int, settings: dict[str, Any] | None = None) -> int
     flusher's count of key + value + overhead bytes: 38,479 for the default 16 MiB), or fewer
     for small N so that the load makes at least :func:`min_commits` commits."""
     config = StoreConfig.from_settings(None, **(settings or {}))
-    per_flush = config.flush_bytes // (KEY_BYTES + VALUE_BYTES + RECORD_OVERHEAD_BYTES)
+    per_flush = records_per_flush(config.flush_bytes, KEY_BYTES, VALUE_BYTES)
     return max(1, min(per_flush, -(-keys // min_commits(settings))))
 
 
@@ -123,17 +123,8 @@ def rocksdict_missing() -> str | None:
 
 # -- child processes -----------------------------------------------------------------------------
 
-def _child_env() -> dict[str, str]:
-    """The parent's environment, with the directory holding this kvlog first on the path, so
-    that the children import the same kvlog whatever their working directory."""
-    env = dict(os.environ)
-    root = str(Path(kvlog.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-    return env
-
-
 class Child:
-    """A child process of :mod:`kvlog.bench.recovery_child` and its JSON lines."""
+    """A child process of :mod:`benchmarks.recovery_child` and its JSON lines."""
 
     _started = 0
     """Children started by this process: numbers their stderr files."""
@@ -149,7 +140,7 @@ class Child:
         self._stderr: IO[bytes] = open(self._stderr_path, "wb")  # noqa: SIM115 - closed in _reap
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._stderr,
-                                     text=True, env=_child_env())
+                                     text=True, env=child_env())
         self._watchdog = threading.Timer(CHILD_TIMEOUT_S, self.proc.kill)
         self._watchdog.daemon = True
         self._watchdog.start()

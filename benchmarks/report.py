@@ -105,7 +105,7 @@ def render_table(document: dict[str, Any], file: IO[str] | None = None) -> None:
     from rich.table import Table
 
     machine = document["machine"]
-    title = (f"kvlog bench ({document['mode']}), {document['date']}, {machine['cpu']}, "
+    title = (f"kvlog benchmarks ({document['mode']}), {document['date']}, {machine['cpu']}, "
              f"{machine['cores']} cores, {machine['memory_gib']} GiB, Python {machine['python']}, "
              f"{document['wall_seconds']:.0f} s")
     table = Table(title=title, show_lines=True)
@@ -232,7 +232,7 @@ def plot(document: dict[str, Any], out_json: str | os.PathLike[str]) -> list[Pat
         ax.invert_yaxis()
         ax.set_xlabel("kvlog speed relative to the anchor (log scale; > 1: kvlog faster; "
                       "latency: anchor / kvlog). Black ticks: goals.")
-        ax.set_title(f"kvlog bench ({document['mode']}), {document['date']}: kvlog vs anchors, same run")
+        ax.set_title(f"kvlog benchmarks ({document['mode']}), {document['date']}: kvlog vs anchors, same run")
         fig.tight_layout()
         path = base.with_name(base.stem + "_ratios.png")
         fig.savefig(path, dpi=110)

@@ -1,7 +1,0 @@
-"""``python -m kvlog.bench``: the benchmark suite."""
-
-import sys
-
-from kvlog.bench import main
-
-sys.exit(main())
