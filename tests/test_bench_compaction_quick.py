@@ -76,7 +76,7 @@ def test_quick_compaction_benchmarks(tmp_path: Path, seaweedfs: Any) -> None:
 
     rows = by_id["compaction.requests_s3"]["subject"]["rows"]
     assert [r["input_files"] for r in rows] == list(TINY.request_files)
-    for row in rows:  # DESIGN §8: exactly two stream GETs per input file
+    for row in rows:  # each input file is read through exactly two streams
         assert row["stream_gets"] == 2 * row["input_files"] == row["expected_stream_gets"]
         assert row["puts"] >= 2  # an output file and the replace commit
     assert by_id["compaction.requests_s3"]["goal"]["met"] is True
