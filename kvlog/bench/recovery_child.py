@@ -209,14 +209,14 @@ def _time_cache_checks() -> list[float]:
     if check is None:  # not this kvlog's layout: report nothing rather than fail the run
         return spent
 
-    def timed(data: Any) -> Any:
+    def timed(*args: Any) -> Any:
         t0 = time.perf_counter()
         try:
-            return check(data)
+            return check(*args)
         finally:
             spent.append(time.perf_counter() - t0)
 
-    env.check_lmdb_file = timed  # type: ignore[attr-defined]
+    env.check_lmdb_file = timed  # type: ignore[assignment]
     return spent
 
 

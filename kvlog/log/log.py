@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from hashlib import sha256
 from pathlib import Path
@@ -46,6 +46,7 @@ from kvlog.format.commit import BatchEntry, Commit, FileEntry, decode_commit, en
 from kvlog.format.datafile import DataFileWriter, content_digest, decode_batch, make_record_batch
 from kvlog.format.envelope import decode_document, encode_document
 from kvlog.format.identity import IDENTITY_NAME, Identity, decode_identity, encode_identity
+from kvlog.index import IndexReader, KeyIndex, RebuildChunk, check_cache_file, runs_pending
 from kvlog.log.naming import (
     DATA_PREFIX,
     LOG_PREFIX,
@@ -63,7 +64,7 @@ from kvlog.log.records import (
     partition_for_key,
     validate_records,
 )
-from kvlog.log.replay import ApplySettings, FileCollected, apply_commit, apply_stray, index_batch
+from kvlog.log.replay import ApplySettings, FileCollected, apply_commit, apply_stray
 from kvlog.meta import LmdbEnv, MetaReader, MetaTxn, acquire_env, release_env, reset_env
 from kvlog.progress import progress
 from kvlog.storage import Storage, is_local_uri, open_storage
@@ -110,12 +111,9 @@ class Log:
         self.batch_cache = BatchCache(storage, config.cache_bytes)
         self._apply_lock = threading.RLock()
         self._commit_lock = threading.RLock()
-        #: Held while the key index's B-tree is written record by record: merging its runs, or
-        #: applying a commit when ``index_run_limit`` is 0. The store sets it to its write-buffer
-        #: lock: py-lmdb releases the GIL around every record it writes, so a writer thread
-        #: running meanwhile would make each of those records wait for the GIL; pausing writers
-        #: meanwhile is several times faster for both. (A commit's run is one LMDB write.)
-        self.index_guard: AbstractContextManager[Any] = nullcontext()
+        #: The key index, with this process's memtable in front of it.
+        self.index = KeyIndex(env, run_limit=config.index_run_limit, apply_lock=self._apply_lock,
+                              monotonic_s=clock.monotonic_s)
         self._own: dict[str, dict[tuple[str, int], pa.RecordBatch]] = {}
         self._closed = False
         self._settings = ApplySettings(
@@ -127,9 +125,6 @@ class Log:
         self.commits_written = 0
         self.commits_applied = 0
         self._index_stale = False
-        #: Merge the key index's runs when an apply leaves more than ``index_run_limit`` pending.
-        #: Off while opening, so that reopening after a crash never waits for a merge.
-        self.settle_on_apply = True
 
     # -- basic facts ------------------------------------------------------------------------------
     @property
@@ -151,16 +146,11 @@ class Log:
         if self._closed:
             raise StoreClosedError("the log is closed")
 
-    def reader(self) -> MetaReader:
+    def reader(self) -> IndexReader:
         """A consistent snapshot of the metadata; ``close()`` it when done (or use :meth:`snapshot`)."""
-        for _attempt in range(4):
-            reader = MetaReader(self.env, self.env.read())
-            if reader.pin_runs():  # its index runs read in place, not copied
-                return reader
-            reader.close()  # a commit landed in between: take the newer snapshot
-        return MetaReader(self.env, self.env.read())
+        return self.index.reader()
 
-    def snapshot(self, fn: Callable[[MetaReader], Any]) -> Any:
+    def snapshot(self, fn: Callable[[IndexReader], Any]) -> Any:
         """``fn`` applied to a read snapshot of the metadata."""
         reader = self.reader()
         try:
@@ -171,19 +161,11 @@ class Log:
     def settle_index(self) -> int:
         """Merge the key index's pending runs into its B-tree (writers paused); return how many."""
         self._check_open()
-        if not self.snapshot(lambda r: r.runs_pending()):
-            return 0
-        with self.index_guard:
-            return int(self.env.write(lambda txn: MetaTxn(self.env, txn).settle_runs()))
+        return self.index.settle()
 
-    @contextmanager
-    def settle_deferred(self) -> Iterator[None]:
+    def settle_deferred(self) -> AbstractContextManager[None]:
         """Within the block, applying commits never merges the key index's pending runs."""
-        previous, self.settle_on_apply = self.settle_on_apply, False
-        try:
-            yield
-        finally:
-            self.settle_on_apply = previous
+        return self.index.settle_deferred()
 
     @property
     def version(self) -> int:
@@ -289,7 +271,7 @@ class Log:
             if stray:
                 apply_stray(meta, commit)
                 meta.set_applied_commit(commit.version, commit.commit_id, crc)
-                return meta.runs_pending()
+                return runs_pending(meta)
             missing.clear()
             # An index marked for rebuilding is not maintained meanwhile (the rebuild reads the
             # live data at the newest version; files of older versions may be gone).
@@ -298,15 +280,14 @@ class Log:
             meta.set_applied_commit(commit.version, commit.commit_id, crc)
             if missing:
                 meta.put_meta("index_ready", b"0")  # rebuilt at the next open if we stop here
-            return meta.runs_pending()
+            return runs_pending(meta)
 
-        limit = self._settings.index_run_limit
-        with self.index_guard if limit == 0 else nullcontext():
+        with self.index.applying():
             runs = self.env.write(work)
         if runs is not None:
             self.commits_applied += 1
             self._index_stale = self._index_stale or bool(missing)
-            if runs > limit > 0 and self.settle_on_apply:
+            if self.index.settle_due(runs):
                 self.settle_index()
 
     def _is_stray(self, commit: Commit) -> bool:
@@ -726,25 +707,20 @@ class Log:
 
     def rebuild_index(self) -> None:
         """Rebuild the key index by reading every live batch in offset order."""
-        self.env.write(lambda txn: _clear_index(MetaTxn(self.env, txn)))
         def every_batch(r: MetaReader) -> list[dict[str, Any]]:
             return [b for p in range(self.partitions) for b in r.iter_batches(p, 0)]
 
-        batches: list[dict[str, Any]] = self.snapshot(every_batch)
-        with progress("rebuilding the key index", len(batches)) as bar:
-            for start in range(0, len(batches), 64):
-                chunk = [(b, self.batch_cache.get(b)) for b in batches[start:start + 64]]
+        def chunks() -> Iterator[RebuildChunk]:
+            batches: list[dict[str, Any]] = self.snapshot(every_batch)  # once the index is emptied
+            with progress("rebuilding the key index", len(batches)) as bar:
+                for start in range(0, len(batches), 64):
+                    chunk = [(b, self.batch_cache.get(b)) for b in batches[start:start + 64]]
+                    yield [(batch["p"], batch["base"], records,
+                            [r.offset for r in records_of_batch(batch, batch["p"], records)])
+                           for batch, records in chunk]
+                    bar.advance(len(chunk))
 
-                def work(txn: Any, chunk: list[tuple[dict[str, Any], pa.RecordBatch]] = chunk) -> None:
-                    meta = MetaTxn(self.env, txn)
-                    for batch, records in chunk:
-                        offsets = [r.offset for r in records_of_batch(batch, batch["p"], records)]
-                        index_batch(meta, batch["p"], batch["base"], records,
-                                    self.config.inline_value_bytes, offsets)
-
-                self.env.write(work)
-                bar.advance(len(chunk))
-        self.env.write(lambda txn: MetaTxn(self.env, txn).put_meta("index_ready", b"1"))
+        self.index.rebuild(chunks(), self.config.inline_value_bytes)
 
     # -- garbage collection -----------------------------------------------------------------------
     def gc(self, now_ms: int | None = None) -> dict[str, int]:
@@ -872,11 +848,6 @@ def to_record_batch(valid: ValidRecords) -> pa.RecordBatch:
     return make_record_batch(valid.keys, valid.values, valid.timestamps)
 
 
-def _clear_index(meta: MetaTxn) -> None:
-    meta.clear_index()
-    meta.put_meta("index_ready", b"0")
-
-
 def _checkpoint_body(r: MetaReader) -> dict[str, Any]:
     files = dict(r.iter_files())
     batches = []
@@ -971,7 +942,7 @@ def open_log(
         cache = Path(cache_dir) if cache_dir else default_cache_dir(storage)
         if cache.exists() and not cache.is_dir():
             raise ConfigError(f"cache_dir {os.fspath(cache)!r} is a file, not a directory")
-        env = acquire_env(cache)
+        env = acquire_env(cache, check_cache_file)
     except BaseException:
         if owns:
             storage.close()
@@ -986,6 +957,7 @@ def open_log(
             if e.name != env.name or not reset_env(env):
                 raise
             log.warning("metadata cache at %s was damaged (%s): rebuilt from storage", env.path, e.reason)
+            the_log.index.reopened()
             _catch_up(the_log)
     except BaseException:
         the_log.close()
