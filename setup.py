@@ -21,8 +21,8 @@ setup(
             extra_compile_args=["-O3", "-std=c11"],
         ),
         Extension(
-            "kvlog.meta._runs",
-            sources=["kvlog/meta/_runs.c"],
+            "kvlog.index._runs",
+            sources=["kvlog/index/_runs.c"],
             depends=["kvlog/_key_order.h", "kvlog/_crc32c.h"],
             extra_compile_args=["-O3", "-std=c11"],
         ),

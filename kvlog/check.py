@@ -7,10 +7,10 @@ from typing import Any
 from kvlog.errors import CorruptDataError, StorageBehindError, StorageError
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import decode_commit
+from kvlog.index import IndexReader
 from kvlog.log import Log
 from kvlog.log.naming import commit_name
 from kvlog.log.reader import records_of_batch
-from kvlog.meta import MetaReader
 
 __all__ = ["check_store", "log_stats"]
 
@@ -40,7 +40,7 @@ def check_store(log: Log, *, deep: bool = False) -> list[str]:
         findings.append(f"commit {version + 1} exists but the cache stopped at {version}")
     findings.extend(_check_newest_commit(log, version))
 
-    def collect(r: MetaReader) -> tuple[dict[str, Any], dict[int, list[dict[str, Any]]], dict[int, int], int]:
+    def collect(r: IndexReader) -> tuple[dict[str, Any], dict[int, list[dict[str, Any]]], dict[int, int], int]:
         files = dict(r.iter_files())
         per_partition = {p: list(r.iter_batches(p, 0)) for p in range(log.partitions)}
         ends = {p: int(r.get_partition(p)["end"]) for p in range(log.partitions)}
@@ -106,7 +106,7 @@ def _check_newest_commit(log: Log, version: int) -> list[str]:
 def _check_index(log: Log) -> list[str]:
     """Every index entry points at a live record holding its key and (if inlined) its value."""
     findings: list[str] = []
-    def every_entry(r: MetaReader) -> list[tuple[bytes, Any]]:
+    def every_entry(r: IndexReader) -> list[tuple[bytes, Any]]:
         return list(r.index_scan())
 
     entries = log.snapshot(every_entry)
@@ -116,7 +116,7 @@ def _check_index(log: Log) -> list[str]:
         if log.partition_for(key) != entry.partition:
             findings.append(f"index entry at offset {entry.offset} is in the wrong partition")
             continue
-        def holder(r: MetaReader, e: Any = entry) -> dict[str, Any] | None:
+        def holder(r: IndexReader, e: Any = entry) -> dict[str, Any] | None:
             return r.find_batch(e.partition, e.offset)
 
         batch = log.snapshot(holder)
@@ -147,7 +147,7 @@ def _check_index(log: Log) -> list[str]:
 def log_stats(log: Log) -> dict[str, Any]:
     """Counts and sizes of the log and its cache (no credentials, no keys)."""
 
-    def collect(r: MetaReader) -> dict[str, Any]:
+    def collect(r: IndexReader) -> dict[str, Any]:
         files = dict(r.iter_files())
         levels: dict[str, dict[str, int]] = {}
         for entry in files.values():

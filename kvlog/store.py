@@ -1,7 +1,8 @@
 """The ``Store`` facade: a dict-like key-value API over the log.
 
-Reads look in the memtable (this process's unapplied writes), then the LMDB
-key index (an inline value, or one batch read through the bounded cache).
+Reads ask the key index (:class:`kvlog.index.KeyIndex`: this process's unapplied
+writes, then the LMDB index), which answers with the value (from the memtable or
+inline) or where it is (one batch read through the bounded cache).
 Writes are buffered and committed by the flusher; see :mod:`kvlog.log.flusher`.
 Every writable store is a producer: opening it bumps its producer's epoch,
 fencing an older process that still holds the same producer id.
@@ -12,7 +13,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
-from itertools import chain
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -20,22 +20,11 @@ from kvlog.clock import Clock, IdSource
 from kvlog.compaction import CompactionReport, Compactor
 from kvlog.config import KEY_BYTES_LIMIT, StoreConfig
 from kvlog.errors import InvalidRecordError, ReadOnlyError, StoreClosedError
-from kvlog.index import TOMBSTONE, MemTable, merge_sorted
+from kvlog.index import STALE, IndexEntry, IndexReader
 from kvlog.log import Log, open_log
 from kvlog.log.flusher import Flusher
 from kvlog.log.records import Record, to_key, to_value
-from kvlog.meta import IndexEntry, MetaReader, MetaTxn
-from kvlog.meta.cache import (
-    LMDB_ERROR,
-    PinnedRuns,
-    decode_index_value,
-    find_in_runs,
-    index_damage,
-    index_inline,
-    index_read_handles,
-    index_value_reader,
-)
-from kvlog.meta.keys import DIRECT_KEY_BYTES, encode_index_key
+from kvlog.meta import MetaReader, MetaTxn
 from kvlog.storage import Storage
 
 __all__ = ["Store", "WriteBatch", "open_store"]
@@ -87,17 +76,11 @@ class Store:
         self.log = log
         self.config = log.config
         self._clock = log.clock
-        self._memtable = MemTable()
+        self._index = log.index
+        self._lookup = log.index.lookup
         self._partitions = log.partitions
         self._max_key = self.config.max_key_bytes
         self._max_record = self.config.max_record_bytes
-        # Keys the get fast path takes as they are: valid, and their own LMDB key.
-        self._direct_key = min(self._max_key, DIRECT_KEY_BYTES)
-        self._read_index = index_value_reader(log.env)
-        self._begin, self._index_db, self._map_resized = index_read_handles(log.env)
-        # The id of the newest LMDB snapshot seen without index runs: the fast path's to read.
-        self._runless_snapshot = -1
-        self._pinned_runs = PinnedRuns(log.env)
         self._monotonic_s = self._clock.monotonic_s
         self._refresh_s = self.config.refresh_interval_ms / 1000.0
         self._closed = False
@@ -109,8 +92,7 @@ class Store:
             pid = producer_id if producer_id is not None else self._own_producer_id()
             with log.settle_deferred():  # opening never waits for the index runs to merge
                 producer = log.producer(pid)
-            self._flusher = Flusher(log, producer.producer_id, producer.epoch, self._memtable)
-            log.index_guard = self._memtable.lock  # writers pause while the index is written per record
+            self._flusher = Flusher(log, producer.producer_id, producer.epoch, self._index.memtable)
             if self.config.flush_interval_ms > 0:
                 self._flusher.start()
             self._compactor = Compactor(log)
@@ -213,84 +195,42 @@ class Store:
     # -- reads ------------------------------------------------------------------------------------
     def get(self, key: bytes | str, default: Any = None) -> Any:
         """The value of ``key``, or ``default``."""
-        if type(key) is bytes and 0 < len(key) <= self._direct_key and not self._closed:
-            # The common case in one frame: a short key, read in a read transaction of its own.
-            memtable = self._memtable
-            front = memtable.front.get(key)
-            if front is None:
-                frozen = memtable.frozen
-                if frozen is not None:
-                    front = frozen.get(key)
-            if front is not None:
-                return default if front is TOMBSTONE else front
-            if self._monotonic_s() >= self._refresh_at:
-                self._maybe_refresh()
-            try:
-                txn = self._begin(self._index_db)
-            except self._map_resized:
-                return self._get(key, default)
-            except LMDB_ERROR as e:
-                raise self.log.env.failure(e) from e
-            try:
-                snapshot = txn.id()
-                raw = None
-                if snapshot != self._runless_snapshot:
-                    runs = self._pinned_runs.runs(snapshot)
-                    if runs is None:
-                        raw = b""  # a commit landed meanwhile: the general path, below
-                    elif runs:
-                        raw = find_in_runs(runs, key)  # pending index runs first, newest first
-                        if raw == b"":
-                            return default  # deleted in a run
-                    else:
-                        self._runless_snapshot = snapshot
-                        self._pinned_runs.release()
-                if raw is None:
-                    raw = txn.get(key)
-                    if raw is None:
-                        return default
-                # Checked against its CRC32C: a damaged entry raises, never returns a value.
-                inline = index_inline(key, raw) if raw else None
-            except LMDB_ERROR as e:
-                raise self.log.env.failure(e) from e
-            except ValueError:  # raised by the index's checks alone: the key is valid
-                raise index_damage(self.log.env, key) from None
-            finally:
-                txn.abort()
-            if inline is not None:
-                return inline
-            if not raw:
-                return self._get(key, default)
-            return self._get_entry(key, raw, default)
+        if type(key) is bytes and 0 < len(key) <= KEY_BYTES_LIMIT and not self._closed:
+            # The common case: a valid key, one call of the index answering with its value.
+            found = self._lookup(key, self._refresh_at)
+            if type(found) is bytes:
+                return found
+            if found is None:
+                return default
+            return self._found(key, found, default)
         return self._get(key, default)
 
     def _get(self, key: Any, default: Any) -> Any:
         if self._closed:
             raise StoreClosedError("the store is closed")
         k = to_key(key, KEY_BYTES_LIMIT)  # reads take any key a store may hold
-        memtable = self._memtable
-        front = memtable.front.get(k)
-        if front is None and memtable.frozen is not None:
-            front = memtable.frozen.get(k)
-        if front is not None:
-            return default if front is TOMBSTONE else front
-        self._maybe_refresh()
-        raw = self._read_index(encode_index_key(k))
-        if raw is None:
+        found = self._lookup(k, self._refresh_at)
+        if type(found) is bytes:
+            return found
+        if found is None:
             return default
-        return self._get_entry(k, raw, default)
+        return self._found(k, found, default)
 
-    def _get_entry(self, k: bytes, raw: bytes, default: Any) -> Any:
-        try:
-            entry = decode_index_value(k, raw)  # its CRC32C checked
-        except ValueError:
-            raise index_damage(self.log.env, encode_index_key(k)) from None
-        if entry.inline is not None:
-            return entry.inline
+    def _found(self, k: bytes, found: Any, default: Any) -> Any:
+        """The value of ``k`` from the index's answer that is neither a value nor None: it is
+        stale (refresh, then look again), or an entry whose value is in a data file."""
+        if found is STALE:
+            self._maybe_refresh()
+            found = self._lookup(k)
+            if found is None:
+                return default
+            if isinstance(found, bytes):
+                return found
+        assert isinstance(found, IndexEntry)
 
         # Compaction may remove the entry's offset between the lookup above and the batch
         # lookup: look the key up again together with its batch, in one snapshot.
-        def in_one_snapshot(r: MetaReader) -> Any:
+        def in_one_snapshot(r: IndexReader) -> Any:
             again = r.index_get(k)
             return default if again is None else self._value_of(k, again, r)
 
@@ -346,13 +286,7 @@ class Store:
         hi = None if stop is None else _bound(stop)
         pre = None if prefix is None else _bound(prefix)
         self._maybe_refresh()
-        # Take the memtable and the LMDB snapshot with no apply in between: one consistent view.
-        with self.log.apply_lock:
-            front = self._memtable.items_in_range(lo, hi, pre)
-            reader = self.log.reader()
-        if not front and not reverse:
-            return self._while_open(chain.from_iterable(self._scan_chunks(reader, lo, hi, pre)))
-        return self._while_open(self._scan(reader, front, lo, hi, pre, reverse))
+        return self._while_open(self._index.scan(lo, hi, pre, reverse, self._value_of))
 
     def _while_open(self, items: Iterator[_T]) -> Iterator[_T]:
         """``items`` until the store is closed: then :class:`StoreClosedError`, whatever the
@@ -368,38 +302,6 @@ class Store:
             if not self._closed:
                 raise
         raise StoreClosedError("the store was closed while this iterator was in use")
-
-    def _scan_chunks(
-        self, reader: MetaReader, lo: bytes | None, hi: bytes | None, pre: bytes | None
-    ) -> Iterator[Iterator[tuple[bytes, bytes]] | list[tuple[bytes, bytes]]]:
-        """Lists of pairs read in bulk while values are inline, then the rest one by one."""
-        try:
-            resume = yield from reader.index_inline_chunks(lo, hi, pre)
-            if resume is not None:
-                # The chain consumes this before resuming us, so the snapshot is still open.
-                yield self._scan_entries(reader, [], resume, hi, pre, False)
-        finally:
-            reader.close()
-
-    def _scan(
-        self, reader: MetaReader, front: list[Any], lo: bytes | None, hi: bytes | None,
-        pre: bytes | None, reverse: bool,
-    ) -> Iterator[tuple[bytes, bytes]]:
-        try:
-            yield from self._scan_entries(reader, front, lo, hi, pre, reverse)
-        finally:
-            reader.close()
-
-    def _scan_entries(
-        self, reader: MetaReader, front: list[Any], lo: bytes | None, hi: bytes | None,
-        pre: bytes | None, reverse: bool,
-    ) -> Iterator[tuple[bytes, bytes]]:
-        for key, entry in merge_sorted(reader.index_scan(lo, hi, pre, reverse), front, reverse=reverse):
-            if isinstance(entry, IndexEntry):
-                yield key, self._value_of(key, entry, reader)
-            else:
-                assert isinstance(entry, bytes)
-                yield key, entry
 
     def changes(self, partition: int | None = None, from_offset: int = 0) -> Iterator[Record]:
         """The changelog (durable records) in offset order; all partitions one after another."""
@@ -443,20 +345,7 @@ class Store:
     def __len__(self) -> int:
         self._check_open()
         self._maybe_refresh()
-        with self.log.apply_lock:
-            front = self._memtable.items_in_range(None, None, None)
-            reader = self.log.reader()
-        try:
-            count = reader.index_count()
-            for key, value in front:
-                present = reader.index_get(key) is not None
-                if value is TOMBSTONE and present:
-                    count -= 1
-                elif value is not TOMBSTONE and not present:
-                    count += 1
-            return count
-        finally:
-            reader.close()
+        return self._index.count()
 
     def __iter__(self) -> Iterator[bytes]:
         for key, _value in self.scan():
@@ -477,7 +366,7 @@ class Store:
 
         out = log_stats(self.log)
         flusher = self._flusher
-        out["memtable_keys"] = len(self._memtable)
+        out["memtable_keys"] = len(self._index.memtable)
         out["unflushed_bytes"] = flusher.unflushed_bytes if flusher else 0
         out["flushes"] = flusher.flushes if flusher else 0
         out["flush_error"] = flusher.last_error if flusher else None
@@ -520,7 +409,7 @@ class Store:
                     self._flusher.discard()
         finally:
             self._closed = True
-            self._pinned_runs.release()
+            self._index.release()
             self.log.close()
 
     def __enter__(self) -> Store:

@@ -23,6 +23,7 @@ from kvlog.config import StoreConfig
 from kvlog.errors import KvlogError
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import BatchEntry, Commit, FileEntry, file_from_json, file_to_json
+from kvlog.index import clear_index, index_put_many
 from kvlog.log import open_log
 from kvlog.log.naming import data_file_name
 from kvlog.meta import MetaTxn
@@ -223,7 +224,7 @@ def rebuild_index(spark: Any, uri: str, cache_dir: str | os.PathLike[str], *,
     the_log = open_log(uri, create=False, read_only=True, storage_options=storage_options,
                        cache_dir=cache_dir, config=config, maintain_index=False)
     try:
-        the_log.env.write(lambda txn: MetaTxn(the_log.env, txn).clear_index())
+        the_log.env.write(lambda txn: clear_index(MetaTxn(the_log.env, txn)))
         version = the_log.version
         latest = _reader(spark, uri, storage_options, view="latest", cache_dir=os.fspath(cache_dir))
         rows = latest.select("key", "partition", "offset", "value").orderBy(F.col("key"))
@@ -232,7 +233,7 @@ def rebuild_index(spark: Any, uri: str, cache_dir: str | os.PathLike[str], *,
         pending: list[tuple[bytes, int, int, bytes]] = []
 
         def load(items: list[tuple[bytes, int, int, bytes]]) -> None:
-            the_log.env.write(lambda txn: MetaTxn(the_log.env, txn).index_put_many(items, inline))
+            the_log.env.write(lambda txn: index_put_many(MetaTxn(the_log.env, txn), items, inline))
 
         for row in rows.toLocalIterator():
             pending.append((bytes(row["key"]), int(row["partition"]), int(row["offset"]), bytes(row["value"])))

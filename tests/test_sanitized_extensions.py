@@ -25,11 +25,11 @@ EXTENSIONS = {
     "kvlog/compaction/_kernels": "kvlog/compaction/_kernels.c",
     "kvlog/log/_writebuffer": "kvlog/log/_writebuffer.c",
     "kvlog/format/_columns": "kvlog/format/_columns.c",
-    "kvlog/meta/_runs": "kvlog/meta/_runs.c",
+    "kvlog/index/_runs": "kvlog/index/_runs.c",
 }
 #: The tests that call the extensions (the other format tests are Python and pyarrow alone).
 TESTS = [
-    "tests/format/test_columns.py", "tests/format/test_latest_rows.py", "tests/format/test_index_run_format.py",
+    "tests/format/test_columns.py", "tests/format/test_latest_rows.py", "tests/index/test_index_run_format.py",
     "tests/format/test_fuzz_extensions.py", "tests/format/test_fuzz_decoders.py",
     "tests/compaction/test_offset_map.py", "tests/log/test_writebuffer.py",
 ]
@@ -75,7 +75,7 @@ def test_extensions_under_address_sanitizer(tmp_path: Path) -> None:
     env.pop("KVLOG_FUZZ_EXAMPLES", None)
     # The child imports kvlog from the copy (the working directory is not the repository).
     where = subprocess.run(
-        [sys.executable, "-c", "import kvlog.meta._runs as m, kvlog.format._columns as c; print(m.__file__, c.__file__)"],
+        [sys.executable, "-c", "import kvlog.index._runs as m, kvlog.format._columns as c; print(m.__file__, c.__file__)"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )
     assert where.returncode == 0, where.stderr[-2000:]

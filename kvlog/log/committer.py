@@ -33,6 +33,7 @@ from kvlog.errors import (
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import Commit, FileEntry, decode_commit, encode_commit
 from kvlog.format.datafile import decode_batch, make_record_batch
+from kvlog.index import runs_pending
 from kvlog.log.checkpoints import newest_checkpoint
 from kvlog.log.naming import commit_name
 from kvlog.log.replay import apply_commit, apply_stray
@@ -111,7 +112,7 @@ class Committer:
             if stray:
                 apply_stray(meta, commit)
                 meta.set_applied_commit(commit.version, commit.commit_id, crc)
-                return meta.runs_pending()
+                return runs_pending(meta)
             missing.clear()
             # An index marked for rebuilding is not maintained meanwhile (the rebuild reads the
             # live data at the newest version; files of older versions may be gone).
@@ -120,13 +121,16 @@ class Committer:
             meta.set_applied_commit(commit.version, commit.commit_id, crc)
             if missing:
                 meta.put_meta("index_ready", b"0")  # rebuilt at the next open if we stop here
-            return meta.runs_pending()
+            return runs_pending(meta)
 
-        runs = the_log.write_index_commit(work)
+        # The index pauses the store's writers while a commit writes it record by record.
+        with the_log.index.applying():
+            runs = the_log.env.write(work)
         if runs is not None:
             self.commits_applied += 1
             self.index_stale = self.index_stale or bool(missing)
-            the_log.after_apply(runs)
+            if the_log.index.settle_due(runs):
+                the_log.settle_index()
 
     def _is_stray(self, commit: Commit) -> bool:
         """Whether ``commit`` was written after a gap: it names another predecessor than the

@@ -33,7 +33,7 @@ import xxhash
 from kvlog.errors import KvlogError, ProducerError, StoreClosedError
 from kvlog.format.columns import binary_column, int64_column
 from kvlog.format.datafile import SCHEMA
-from kvlog.index import TOMBSTONE, MemTable
+from kvlog.index import MemTable
 from kvlog.log._writebuffer import WriteBuffer
 from kvlog.log.append import PendingBatch
 from kvlog.log.log import Log
@@ -171,15 +171,11 @@ class Flusher:
         size = sum(len(k) + (len(v) if v is not None else 0) + RECORD_OVERHEAD_BYTES for k, v in records)
         stamp = self._now_ns()
         with self._lock:
-            front = self._memtable.front
             for key, value in records:
                 self._buf.keys.append(key)
                 self._buf.values.append(value)
                 self._buf.stamps.append(stamp)
-                if value is None:
-                    front[key] = TOMBSTONE
-                else:
-                    front[key] = value
+            self._memtable.write(records)
             generation = self._taken + len(self._buf.keys)
             self._buf.buffered_bytes = buffered = self._buf.buffered_bytes + size
         if sync or buffered >= self._buf.trigger:
@@ -255,8 +251,7 @@ class Flusher:
             self._buf.buffered_bytes = 0
             self._inflight = None
             self._inflight_bytes = 0
-            self._memtable.front = {}
-            self._memtable.frozen = None
+            self._memtable.discard()
 
     # -- the flush itself -------------------------------------------------------------------------
     def _take_buffers(self) -> _InFlight | None:

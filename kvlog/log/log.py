@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
@@ -34,14 +34,15 @@ from kvlog.config import StoreConfig
 from kvlog.errors import InvalidRecordError, StoreClosedError
 from kvlog.format.commit import Commit, FileEntry
 from kvlog.format.identity import Identity
+from kvlog.index import IndexReader, KeyIndex, RebuildChunk
 from kvlog.log import append, checkpoints, gc, producer_handle
 from kvlog.log.append import PendingBatch
 from kvlog.log.committer import Committer, OwnBatches
 from kvlog.log.producer_handle import Producer
 from kvlog.log.reader import BatchCache, records_of_batch
 from kvlog.log.records import AppendResult, Record, partition_for_key
-from kvlog.log.replay import ApplySettings, index_batch
-from kvlog.meta import LmdbEnv, MetaReader, MetaTxn, release_env
+from kvlog.log.replay import ApplySettings
+from kvlog.meta import LmdbEnv, MetaReader, release_env
 from kvlog.progress import progress
 from kvlog.storage import Storage
 
@@ -66,12 +67,6 @@ class Log:
         self.read_only = read_only
         self._owns_storage = owns_storage
         self.batch_cache = BatchCache(storage, config.cache_bytes)
-        #: Held while the key index's B-tree is written record by record: merging its runs, or
-        #: applying a commit when ``index_run_limit`` is 0. The store sets it to its write-buffer
-        #: lock: py-lmdb releases the GIL around every record it writes, so a writer thread
-        #: running meanwhile would make each of those records wait for the GIL; pausing writers
-        #: meanwhile is several times faster for both. (A commit's run is one LMDB write.)
-        self.index_guard: AbstractContextManager[Any] = nullcontext()
         self._closed = False
         self._settings = ApplySettings(
             config.producer_id_expiration_ms, config.file_delete_delay_ms, config.inline_value_bytes,
@@ -79,12 +74,12 @@ class Log:
         )
         self._metadata_only = replace(self._settings, maintain_index=False)
         self.maintain_index = maintain_index
-        #: Merge the key index's runs when an apply leaves more than ``index_run_limit`` pending.
-        #: Off while opening, so that reopening after a crash never waits for a merge.
-        self.settle_on_apply = True
         self._committer = Committer(self)
         #: Held while commits are applied: a reader holding it sees no apply in between.
         self.apply_lock = self._committer.apply_lock
+        #: The key index, with this process's memtable in front of it.
+        self.index = KeyIndex(env, run_limit=config.index_run_limit, apply_lock=self.apply_lock,
+                              monotonic_s=clock.monotonic_s)
 
     # -- basic facts ------------------------------------------------------------------------------
     @property
@@ -108,16 +103,11 @@ class Log:
         if self._closed:
             raise StoreClosedError("the log is closed")
 
-    def reader(self) -> MetaReader:
+    def reader(self) -> IndexReader:
         """A consistent snapshot of the metadata; ``close()`` it when done (or use :meth:`snapshot`)."""
-        for _attempt in range(4):
-            reader = MetaReader(self.env, self.env.read())
-            if reader.pin_runs():  # its index runs read in place, not copied
-                return reader
-            reader.close()  # a commit landed in between: take the newer snapshot
-        return MetaReader(self.env, self.env.read())
+        return self.index.reader()
 
-    def snapshot(self, fn: Callable[[MetaReader], Any]) -> Any:
+    def snapshot(self, fn: Callable[[IndexReader], Any]) -> Any:
         """``fn`` applied to a read snapshot of the metadata."""
         reader = self.reader()
         try:
@@ -128,19 +118,11 @@ class Log:
     def settle_index(self) -> int:
         """Merge the key index's pending runs into its B-tree (writers paused); return how many."""
         self.check_open()
-        if not self.snapshot(lambda r: r.runs_pending()):
-            return 0
-        with self.index_guard:
-            return int(self.env.write(lambda txn: MetaTxn(self.env, txn).settle_runs()))
+        return self.index.settle()
 
-    @contextmanager
-    def settle_deferred(self) -> Iterator[None]:
+    def settle_deferred(self) -> AbstractContextManager[None]:
         """Within the block, applying commits never merges the key index's pending runs."""
-        previous, self.settle_on_apply = self.settle_on_apply, False
-        try:
-            yield
-        finally:
-            self.settle_on_apply = previous
+        return self.index.settle_deferred()
 
     @property
     def version(self) -> int:
@@ -236,18 +218,6 @@ class Log:
         """The replay settings for one apply (metadata only while the index awaits a rebuild)."""
         return self._settings if index_ready else self._metadata_only
 
-    def write_index_commit(self, work: Callable[[Any], int | None]) -> int | None:
-        """Run a commit's apply transaction, pausing the store's writers when it writes the key
-        index record by record (``index_run_limit`` 0)."""
-        with self.index_guard if self._settings.index_run_limit == 0 else nullcontext():
-            return self.env.write(work)
-
-    def after_apply(self, runs_pending: int) -> None:
-        """Merge the key index's runs once an apply left more than ``index_run_limit`` pending."""
-        limit = self._settings.index_run_limit
-        if runs_pending > limit > 0 and self.settle_on_apply:
-            self.settle_index()
-
     def new_id(self) -> str:
         """A fresh identifier for a commit or a data file."""
         return self.ids.token(16).hex()
@@ -290,25 +260,20 @@ class Log:
 
     def rebuild_index(self) -> None:
         """Rebuild the key index by reading every live batch in offset order."""
-        self.env.write(lambda txn: _clear_index(MetaTxn(self.env, txn)))
         def every_batch(r: MetaReader) -> list[dict[str, Any]]:
             return [b for p in range(self.partitions) for b in r.iter_batches(p, 0)]
 
-        batches: list[dict[str, Any]] = self.snapshot(every_batch)
-        with progress("rebuilding the key index", len(batches)) as bar:
-            for start in range(0, len(batches), 64):
-                chunk = [(b, self.batch_cache.get(b)) for b in batches[start:start + 64]]
+        def chunks() -> Iterator[RebuildChunk]:
+            batches: list[dict[str, Any]] = self.snapshot(every_batch)  # once the index is emptied
+            with progress("rebuilding the key index", len(batches)) as bar:
+                for start in range(0, len(batches), 64):
+                    chunk = [(b, self.batch_cache.get(b)) for b in batches[start:start + 64]]
+                    yield [(batch["p"], batch["base"], records,
+                            [r.offset for r in records_of_batch(batch, batch["p"], records)])
+                           for batch, records in chunk]
+                    bar.advance(len(chunk))
 
-                def work(txn: Any, chunk: list[tuple[dict[str, Any], pa.RecordBatch]] = chunk) -> None:
-                    meta = MetaTxn(self.env, txn)
-                    for batch, records in chunk:
-                        offsets = [r.offset for r in records_of_batch(batch, batch["p"], records)]
-                        index_batch(meta, batch["p"], batch["base"], records,
-                                    self.config.inline_value_bytes, offsets)
-
-                self.env.write(work)
-                bar.advance(len(chunk))
-        self.env.write(lambda txn: MetaTxn(self.env, txn).put_meta("index_ready", b"1"))
+        self.index.rebuild(chunks(), self.config.inline_value_bytes)
 
     # -- garbage collection: kvlog.log.gc -----------------------------------------------------
     def gc(self, now_ms: int | None = None) -> dict[str, int]:
@@ -331,7 +296,3 @@ class Log:
 
 
 
-
-def _clear_index(meta: MetaTxn) -> None:
-    meta.clear_index()
-    meta.put_meta("index_ready", b"0")

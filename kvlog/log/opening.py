@@ -26,6 +26,7 @@ from kvlog.errors import (
 )
 from kvlog.format.checksum import crc32c
 from kvlog.format.identity import IDENTITY_NAME, Identity, decode_identity, encode_identity
+from kvlog.index import check_cache_file
 from kvlog.log.checkpoints import load_checkpoint, newest_checkpoint
 from kvlog.log.log import Log
 from kvlog.log.naming import commit_name
@@ -85,7 +86,7 @@ def open_log(
         cache = Path(cache_dir) if cache_dir else default_cache_dir(storage)
         if cache.exists() and not cache.is_dir():
             raise ConfigError(f"cache_dir {os.fspath(cache)!r} is a file, not a directory")
-        env = acquire_env(cache)
+        env = acquire_env(cache, check_cache_file)
     except BaseException:
         if owns:
             storage.close()
@@ -100,6 +101,7 @@ def open_log(
             if e.name != env.name or not reset_env(env):
                 raise
             log.warning("metadata cache at %s was damaged (%s): rebuilt from storage", env.path, e.reason)
+            the_log.index.reopened()
             _catch_up(the_log)
     except BaseException:
         the_log.close()

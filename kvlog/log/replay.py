@@ -28,12 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from kvlog.errors import KvlogError, ProducerError
 from kvlog.format.commit import BatchEntry, Commit, FileEntry
 from kvlog.format.producer_state import BatchMeta, ProducerState
+from kvlog.index import index_batches
 from kvlog.log.producers import (
     accept_batch,
     check_batch,
@@ -42,10 +42,7 @@ from kvlog.log.producers import (
 )
 from kvlog.meta.cache import MetaTxn
 
-__all__ = [
-    "ApplySettings", "FileCollected", "apply_commit", "apply_stray", "resolved_batch", "index_batch",
-    "index_batches",
-]
+__all__ = ["ApplySettings", "FileCollected", "apply_commit", "apply_stray", "resolved_batch"]
 
 #: Supplies the records of an appended batch: (file entry, batch index) -> record batch.
 BatchSource = Callable[[FileEntry, int], pa.RecordBatch]
@@ -78,41 +75,6 @@ def resolved_batch(file: FileEntry, batch: BatchEntry, base: int, last: int) -> 
     if batch.tombstone_horizon_ms is not None:
         out["horizon"] = batch.tombstone_horizon_ms
     return out
-
-
-def index_batch(
-    txn: MetaTxn, partition: int, base: int, record_batch: pa.RecordBatch, inline_limit: int,
-    offsets: list[int] | None = None, run_limit: int = 0,
-) -> None:
-    """Point the key index at the records of a live batch (later records win; tombstones delete):
-    one index run, or straight into the index (``run_limit`` 0)."""
-    n = record_batch.num_rows
-    if offsets is None:
-        positions = np.arange(base, base + n, dtype=np.int64)
-    else:
-        positions = np.asarray(offsets, dtype=np.int64)
-        if len(positions) != n:
-            raise ValueError(f"{len(positions)} offsets for {n} records")
-    txn.index_records(partition, record_batch.column(0), record_batch.column(1), positions, inline_limit,
-                      run_limit)
-
-
-def index_batches(
-    txn: MetaTxn, batches: list[tuple[int, int, pa.RecordBatch]], inline_limit: int, run_limit: int = 0,
-) -> None:
-    """Index the records of ``(partition, base offset, records)`` batches in order (a later batch
-    wins), in one sorted pass: one index run, or straight into the index (``run_limit`` 0)."""
-    batches = [b for b in batches if b[2].num_rows]
-    if len(batches) <= 1:
-        for partition, base, records in batches:
-            index_batch(txn, partition, base, records, inline_limit, run_limit=run_limit)
-        return
-    keys = pa.concat_arrays([records.column(0) for _p, _b, records in batches])
-    values = pa.concat_arrays([records.column(1) for _p, _b, records in batches])
-    positions = np.concatenate([np.arange(base, base + records.num_rows, dtype=np.int64)
-                                for _p, base, records in batches])
-    partitions = np.concatenate([np.full(records.num_rows, p, dtype=np.int64) for p, _b, records in batches])
-    txn.index_records(partitions, keys, values, positions, inline_limit, run_limit)
 
 
 def apply_commit(

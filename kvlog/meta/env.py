@@ -19,7 +19,8 @@ or ``flock`` are unavailable, every commit is synced instead.
 The cache is derived data, so damage costs a rebuild, never a wrong answer. LMDB trusts its
 pages (garbage in one can crash the process), so before LMDB reads a cache that was changed
 since the last process closed it cleanly (a crash, another program, the disk), the first
-process to open it checks the file's structure (:func:`kvlog.meta._runs.check_lmdb`) and
+process to open it checks the file's structure (:func:`check_lmdb_file`, with the key index's
+walker of the file: :func:`kvlog.index.check_cache_file`) and
 deletes a damaged cache. Every LMDB error becomes a :class:`~kvlog.errors.KvlogError`: damage
 (``CorruptedError``, ``PageNotFoundError``, ...) is a ``CorruptDataError`` naming the cache,
 anything else a ``StorageError``. Damage found while the cache is in use is recorded (the key
@@ -43,10 +44,9 @@ import lmdb
 
 from kvlog.errors import CorruptDataError, KvlogError, StorageError
 from kvlog.format.checksum import crc32c
-from kvlog.meta import _runs
 
 __all__ = [
-    "CACHE_LAYOUT", "CacheDamage", "DB_NAMES", "LMDB_ERROR", "SEALED_DBS", "LmdbEnv", "acquire_env",
+    "CACHE_LAYOUT", "CacheDamage", "DB_NAMES", "FileWalker", "LMDB_ERROR", "SEALED_DBS", "LmdbEnv", "acquire_env",
     "release_env", "reset_env", "seal", "unseal",
 ]
 
@@ -78,8 +78,11 @@ CACHE_LAYOUT = b"2"
 #: Databases whose values are sealed: checked by every read and by the check at open.
 SEALED_DBS = ("meta", "files", "batches", "parts", "producers", "outcomes", "cleaner")
 _SEAL = struct.Struct(">I")
-#: The base class of py-lmdb's errors, for callers that read through :func:`index_read_handles`
-#: (kvlog.meta.cache) and turn them into kvlog errors with :meth:`LmdbEnv.failure`.
+#: Checks the structure of a whole cache file mapped in memory: every page of its B-trees and
+#: every value it can check; None if whole, else the first damage found.
+FileWalker = Callable[[mmap.mmap], str | None]
+#: The base class of py-lmdb's errors, for callers that read LMDB through the environment and
+#: turn them into kvlog errors with :meth:`LmdbEnv.failure`.
 LMDB_ERROR = lmdb.Error
 #: LMDB errors that mean the files are damaged (``BadValsizeError``: a stored size is impossible).
 _DAMAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.VersionMismatchError,
@@ -135,7 +138,7 @@ def _sync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _claim_unsynced(path: Path) -> int | None:
+def _claim_unsynced(path: Path, walk: FileWalker) -> int | None:
     """Hold the cache (a shared ``flock`` kept open) for unsynced commits; None: sync every commit.
 
     Opening it alone, a marker from another boot means a machine crash may have torn the
@@ -164,7 +167,7 @@ def _claim_unsynced(path: Path) -> int | None:
                 if seen is not None:
                     _delete_cache(path)
                 _write_durably(marker, boot)
-            _repair(path)
+            _repair(path, walk)
         fcntl.flock(fd, fcntl.LOCK_SH)
         return fd
     except OSError:
@@ -194,7 +197,7 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
-def _repair(path: Path) -> None:
+def _repair(path: Path, walk: FileWalker) -> None:
     """Opening the cache alone: delete it if a reader found it damaged, or if it changed since
     its last clean close and its structure is damaged (LMDB must never read a damaged page).
 
@@ -211,14 +214,14 @@ def _repair(path: Path) -> None:
     if _read_text(path / _DAMAGED_NAME) == "cache":
         reason = "damage found by an earlier reader"
     elif stamp is not None and stamp != _file_stamp(data):
-        reason = check_lmdb_file(data)
+        reason = check_lmdb_file(data, walk)
     if reason is not None:
         log.warning("metadata cache at %s is damaged (%s): deleted, rebuilt from storage", path, reason)
         _delete_cache(path)
         (path / _DAMAGED_NAME).unlink(missing_ok=True)
 
 
-def check_lmdb_file(data: Path) -> str | None:
+def check_lmdb_file(data: Path, walk: FileWalker) -> str | None:
     """None if the LMDB data file ``data`` is missing, new or whole; else the first damage
     found. Reads every page of the B-trees and checks every key-index entry, index run and
     sealed value (their checksums: a damaged key would hide its entry from lookups); nobody may
@@ -228,7 +231,7 @@ def check_lmdb_file(data: Path) -> str | None:
             if os.fstat(f.fileno()).st_size == 0:
                 return None
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                return _runs.check_lmdb(view, b"index", b"runs", tuple(name.encode() for name in SEALED_DBS))
+                return walk(view)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
@@ -238,7 +241,7 @@ def check_lmdb_file(data: Path) -> str | None:
 class LmdbEnv:
     """An open LMDB environment and its named databases."""
 
-    def __init__(self, path: Path, map_size: int) -> None:
+    def __init__(self, path: Path, map_size: int, walk: FileWalker) -> None:
         self.path = path
         #: The name damage to this cache is reported under (``CorruptDataError.name``).
         self.name = f"metadata cache {path}"
@@ -248,7 +251,7 @@ class LmdbEnv:
         self._local = threading.local()
         try:
             path.mkdir(parents=True, exist_ok=True)
-            self._held = _claim_unsynced(path)
+            self._held = _claim_unsynced(path, walk)
             try:
                 self._open()
             except _DAMAGE as e:
@@ -475,13 +478,14 @@ class LmdbEnv:
             return 0
 
 
-def acquire_env(path: str | os.PathLike[str], map_size: int = 1 << 30) -> LmdbEnv:
-    """The process's shared environment at ``path``, opened on first use."""
+def acquire_env(path: str | os.PathLike[str], walk: FileWalker, map_size: int = 1 << 30) -> LmdbEnv:
+    """The process's shared environment at ``path``, opened on first use (``walk`` checks the
+    structure of a file that was not closed cleanly: see :func:`check_lmdb_file`)."""
     key = os.path.realpath(path)
     with _registry_lock:
         entry = _registry.get(key)
         if entry is None:
-            env = LmdbEnv(Path(key), map_size)
+            env = LmdbEnv(Path(key), map_size, walk)
             _registry[key] = (env, 1)
             return env
         env, count = entry

@@ -17,7 +17,7 @@ from kvlog.format.columns import (
     int64_column,
     valid_mask,
 )
-from kvlog.meta.cache import encode_index_value
+from kvlog.index.entry import encode_index_value
 
 items_strategy = st.lists(st.one_of(st.none(), st.binary(max_size=40)), max_size=60)
 

@@ -41,7 +41,7 @@ from kvlog.format import (
     make_record_batch,
     read_data_file,
 )
-from kvlog.meta.cache import decode_index_value, encode_index_value
+from kvlog.index.entry import decode_index_value, encode_index_value
 
 NAME = "fuzzed-object"
 #: Examples per test; set KVLOG_FUZZ_EXAMPLES to fuzz longer locally.

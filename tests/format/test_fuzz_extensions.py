@@ -25,12 +25,11 @@ from kvlog.compaction import _kernels
 from kvlog.format import _columns
 from kvlog.format.checksum import crc32c
 from kvlog.format.columns import binary_column
-from kvlog.index import MemTable
+from kvlog.index import MemTable, _runs
+from kvlog.index.entry import encode_index_value
+from kvlog.index.runs import build_run, run_entries, run_find, run_length, runs_find, walk_run
 from kvlog.log._writebuffer import WriteBuffer
-from kvlog.meta import _runs
-from kvlog.meta.cache import encode_index_value
 from kvlog.meta.env import seal
-from kvlog.meta.runs import build_run, run_entries, run_find, run_length, runs_find, walk_run
 
 EXAMPLES = int(os.environ.get("KVLOG_FUZZ_EXAMPLES", "60"))
 FAST = settings(max_examples=EXAMPLES, deadline=None,

@@ -25,9 +25,9 @@ import pytest
 
 import kvlog
 from kvlog.errors import CorruptDataError
-from kvlog.meta.cache import encode_index_value
+from kvlog.index.entry import encode_index_value
+from kvlog.index.runs import RUN_ID, run_find
 from kvlog.meta.env import SEALED_DBS, seal
-from kvlog.meta.runs import RUN_ID, run_find
 
 SETTINGS: dict[str, Any] = {
     "flush_interval_ms": 0, "flush_bytes": 1 << 30, "max_unflushed_bytes": 1 << 30,

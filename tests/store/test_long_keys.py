@@ -1,4 +1,4 @@
-"""Keys around the index's 480-byte direct-key limit (DESIGN §6, kvlog/meta/keys.py).
+"""Keys around the index's 480-byte direct-key limit (kvlog/index/keys.py).
 
 Keys of up to 480 bytes are LMDB keys as they are; longer keys are stored as
 their first 480 bytes plus a hash, and scans re-sort runs of long keys. These

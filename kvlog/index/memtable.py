@@ -9,39 +9,42 @@ behind it is the operating system's page cache, not process memory.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable
 
-from kvlog.meta.cache import prefix_successor
+from kvlog.index.keys import prefix_successor
 
-__all__ = ["MemTable", "TOMBSTONE", "merge_sorted"]
+__all__ = ["MemTable", "TOMBSTONE", "Tombstone"]
 
 
-class _Tombstone:
+class Tombstone:
+    """The type of :data:`TOMBSTONE`."""
+
     def __repr__(self) -> str:
         return "TOMBSTONE"
 
 
 #: The memtable's marker of a delete.
-TOMBSTONE = _Tombstone()
+TOMBSTONE = Tombstone()
+
 
 class MemTable:
     """Latest unapplied write per key (the value itself, or :data:`TOMBSTONE`).
 
     ``front`` takes new writes; ``frozen`` holds the writes of the flush in flight, until that
     flush is applied to the index. ``lock`` is shared with the flusher, which updates the
-    memtable and its write buffer under it.
+    memtable and its write buffer under it (the methods said to be called under ``lock``).
     """
 
     def __init__(self) -> None:
-        self.front: dict[bytes, bytes | _Tombstone] = {}
-        self.frozen: dict[bytes, bytes | _Tombstone] | None = None
+        self.front: dict[bytes, bytes | Tombstone] = {}
+        self.frozen: dict[bytes, bytes | Tombstone] | None = None
         self.lock = threading.Lock()
 
     def put(self, key: bytes, value: bytes | None) -> None:
         with self.lock:
             self.front[key] = TOMBSTONE if value is None else value
 
-    def get(self, key: bytes) -> bytes | _Tombstone | None:
+    def get(self, key: bytes) -> bytes | Tombstone | None:
         """The unapplied value, :data:`TOMBSTONE`, or None when the key has no unapplied write."""
         value = self.front.get(key)
         if value is None:
@@ -49,6 +52,15 @@ class MemTable:
             if frozen is not None:
                 return frozen.get(key)
         return value
+
+    def write(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Enter validated ``(key, value)`` writes (None: a delete), in order (call under ``lock``)."""
+        front = self.front
+        for key, value in records:
+            if value is None:
+                front[key] = TOMBSTONE
+            else:
+                front[key] = value
 
     def freeze(self) -> None:
         """Move ``front`` to ``frozen`` (call under ``lock``, when a flush takes the buffer)."""
@@ -59,7 +71,13 @@ class MemTable:
         self.front = {}
 
     def retire(self) -> None:
-        """Forget the frozen writes: the flush that took them is applied to the index."""
+        """Forget the frozen writes: the flush that took them is applied to the index (call
+        under ``lock``)."""
+        self.frozen = None
+
+    def discard(self) -> None:
+        """Forget every write, front and frozen: they were dropped unflushed (call under ``lock``)."""
+        self.front = {}
         self.frozen = None
 
     def clear(self) -> None:
@@ -73,7 +91,7 @@ class MemTable:
             return len(self.front)
         return len(self.front) + sum(1 for k in frozen if k not in self.front)
 
-    def _merged(self) -> dict[bytes, bytes | _Tombstone]:
+    def _merged(self) -> dict[bytes, bytes | Tombstone]:
         frozen = self.frozen
         if not frozen:
             return self.front
@@ -81,7 +99,7 @@ class MemTable:
 
     def items_in_range(
         self, start: bytes | None, stop: bytes | None, prefix: bytes | None
-    ) -> list[tuple[bytes, bytes | _Tombstone]]:
+    ) -> list[tuple[bytes, bytes | Tombstone]]:
         """A sorted snapshot of entries with ``start <= key < stop`` and ``prefix``."""
         upper = stop
         if prefix:
@@ -104,36 +122,3 @@ class MemTable:
     def keys(self) -> list[bytes]:
         with self.lock:
             return list(self._merged())
-
-def merge_sorted(
-    indexed: Iterator[tuple[bytes, object]],
-    front: list[tuple[bytes, bytes | _Tombstone]],
-    *, reverse: bool,
-) -> Iterator[tuple[bytes, object]]:
-    """Merge the index's entries with the memtable's (which win), skipping tombstones."""
-    if reverse:
-        front = front[::-1]
-    i = 0
-    n = len(front)
-
-    def before(a: bytes, b: bytes) -> bool:
-        return a > b if reverse else a < b
-
-    for key, entry in indexed:
-        while i < n and before(front[i][0], key):
-            fk, fv = front[i]
-            i += 1
-            if fv is not TOMBSTONE:
-                yield fk, fv
-        if i < n and front[i][0] == key:
-            fk, fv = front[i]
-            i += 1
-            if fv is not TOMBSTONE:
-                yield fk, fv
-            continue
-        yield key, entry
-    while i < n:
-        fk, fv = front[i]
-        i += 1
-        if fv is not TOMBSTONE:
-            yield fk, fv

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 import kvlog
-from kvlog.meta import cache as meta_cache
+from kvlog.index import write as index_write
+from kvlog.index.keys import DIRECT_KEY_BYTES
+from kvlog.index.write import settle_runs
 from kvlog.meta.cache import MetaTxn
-from kvlog.meta.keys import DIRECT_KEY_BYTES
 
 
 def runs_pending(store: kvlog.Store) -> int:
@@ -192,7 +193,7 @@ def test_a_failed_settle_changes_nothing(tmp_path: Path, monkeypatch: pytest.Mon
             model[b"k2-%02d" % i] = b"%d" % flush
             store.put(b"k2-%02d" % i, model[b"k2-%02d" % i])
         store.flush()
-    real = meta_cache.run_entries
+    real = index_write.run_entries
     calls = {"n": 0}
 
     def failing(*args: Any, **kwargs: Any) -> Any:
@@ -201,10 +202,10 @@ def test_a_failed_settle_changes_nothing(tmp_path: Path, monkeypatch: pytest.Mon
             raise OSError("injected")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(meta_cache, "run_entries", failing)
+    monkeypatch.setattr(index_write, "run_entries", failing)
     with pytest.raises(OSError):
-        store.log.env.write(lambda txn: MetaTxn(store.log.env, txn).settle_runs())
-    monkeypatch.setattr(meta_cache, "run_entries", real)
+        store.log.env.write(lambda txn: settle_runs(MetaTxn(store.log.env, txn)))
+    monkeypatch.setattr(index_write, "run_entries", real)
     assert runs_pending(store) == 3 and btree_entries(store) == 0
     assert_reads(store, model)
     assert store.log.settle_index() == 3

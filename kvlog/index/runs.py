@@ -4,13 +4,13 @@ A commit writes its index entries as a run in the commit's own LMDB transaction:
 of a few MiB instead of one B-tree insertion per key, which would copy nearly every leaf page
 of the index at every commit. Readers look a key up in the pending runs, newest first, then in
 the B-tree; merging the runs into the B-tree (settling) happens later, in one transaction for
-all of them (see :meth:`kvlog.meta.cache.MetaTxn.settle_runs`).
+all of them (see :func:`kvlog.index.write.settle_runs`).
 
 Layout (native little-endian ``u32``): the magic ``KVR2``, the entry count, ``key_end[count]``,
 ``value_end[count]``, the keys, the values. Entry ``i`` spans ``keys[key_end[i-1]:key_end[i]]``
 (``key_end[-1]`` is 0), likewise its value. Keys are strictly increasing in LMDB's order and are
 their own LMDB keys (at most ``DIRECT_KEY_BYTES``); a value is an index value (the head with its
-CRC32C, then the inline value if any; see :mod:`kvlog.meta.cache`) or, for a deletion, the
+CRC32C, then the inline value if any; see :mod:`kvlog.index.entry`) or, for a deletion, the
 4-byte big-endian CRC32C of the key, so that no damaged entry reads as a deletion either.
 
 A run is read in place and may be damaged like any cache page: every function that reads one
@@ -29,7 +29,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from kvlog.format.columns import binary_ends
-from kvlog.meta import _runs
+from kvlog.index import _runs
 
 __all__ = ["Buffer", "RUN_ID", "WALK_CHUNK", "build_run", "run_entries", "run_find", "run_length", "runs_find", "walk_run"]
 

@@ -1,4 +1,4 @@
-"""Types of the key index's compiled parts (``_runs.c``); see kvlog.meta.runs and kvlog.meta.cache."""
+"""Types of the key index's compiled parts (``_runs.c``); see kvlog.index.runs and kvlog.index.entry."""
 
 from typing import Any
 

@@ -1,4 +1,4 @@
-"""Index runs (kvlog.meta.runs): built from Arrow columns, searched and listed in place."""
+"""Index runs (kvlog.index.runs): built from Arrow columns, searched and listed in place."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlog.format.columns import binary_column
-from kvlog.meta import runs
-from kvlog.meta.cache import encode_index_value
-from kvlog.meta.runs import build_run, run_entries, run_find, run_length, runs_find, walk_run
+from kvlog.index import runs
+from kvlog.index.entry import encode_index_value
+from kvlog.index.runs import build_run, run_entries, run_find, run_length, runs_find, walk_run
 
 keys_st = st.lists(st.binary(min_size=1, max_size=6), min_size=0, max_size=40, unique=True)
 

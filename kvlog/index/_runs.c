@@ -1,5 +1,5 @@
 /*
- * The key index's compiled parts (see kvlog.meta.runs and kvlog.meta.cache, which wrap these
+ * The key index's compiled parts (see kvlog.index.runs and kvlog.index.entry, which wrap these
  * functions and document the layouts):
  *
  * - index runs: build packs rows of two Arrow binary columns into a run; find and find_first
@@ -1005,7 +1005,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_runs", "The key index's compiled parts (see kvlog.meta.runs).", -1, methods,
+    PyModuleDef_HEAD_INIT, "_runs", "The key index's compiled parts (see kvlog.index.runs).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__runs(void) {

@@ -1,0 +1,43 @@
+"""The key index: where each key's latest value is, from the memtable through the pending index
+runs to the LMDB B-tree. :class:`KeyIndex` is its interface; the modules hold one concept each:
+
+``keys``      user keys as LMDB keys, and scan ranges
+``entry``     index entries and their checksummed encoding
+``memtable``  this process's writes not applied yet
+``runs``      the format of an index run (one commit's sorted entries)
+``pending``   the runs pending in LMDB: newest first, pinned, merged
+``tree``      walks of the B-tree, with the runs laid over it
+``snapshot``  a read snapshot of the catalog and the index together
+``scan``      scans of memtable, runs and B-tree merged
+``write``     writes within the log's own write transaction, and settling
+``index``     :class:`KeyIndex`
+"""
+
+from kvlog.index.entry import (
+    INDEX_HEAD_BYTES,
+    INLINE_FLAG,
+    IndexEntry,
+    check_cache_file,
+    decode_index_value,
+    encode_index_value,
+)
+from kvlog.index.index import STALE, KeyIndex, RebuildChunk, Stale
+from kvlog.index.keys import DIRECT_KEY_BYTES, LONG_KEY_BYTES, encode_index_key, prefix_successor
+from kvlog.index.memtable import TOMBSTONE, MemTable, Tombstone
+from kvlog.index.snapshot import IndexReader, runs_pending
+from kvlog.index.write import (
+    add_run,
+    clear_index,
+    index_batch,
+    index_batches,
+    index_put_many,
+    index_records,
+    settle_runs,
+)
+
+__all__ = [
+    "DIRECT_KEY_BYTES", "INDEX_HEAD_BYTES", "INLINE_FLAG", "LONG_KEY_BYTES", "STALE", "TOMBSTONE", "IndexEntry",
+    "IndexReader", "KeyIndex", "MemTable", "RebuildChunk", "Stale", "Tombstone", "add_run", "check_cache_file",
+    "clear_index", "decode_index_value", "encode_index_value", "encode_index_key", "index_batch", "index_batches",
+    "index_put_many", "index_records", "prefix_successor", "runs_pending", "settle_runs",
+]

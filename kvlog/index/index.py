@@ -1,0 +1,286 @@
+"""The key index of one open log: where each key's latest value is.
+
+Three layers answer for a key, the first that holds it winning: the memtable (this process's
+writes not applied yet: :mod:`kvlog.index.memtable`), the index runs pending in LMDB (newest
+first: :mod:`kvlog.index.pending`), and the B-tree (:mod:`kvlog.index.tree`). :class:`KeyIndex`
+is the one interface the log and the store use: lookups, scans, counts, snapshots, merging the
+runs into the B-tree (settling) and rebuilding. Commits write their entries inside the log's
+own write transaction (:mod:`kvlog.index.write`), so a commit's index changes are atomic with
+its catalog changes.
+
+The index owns one lock, its memtable's (``lock``): the flusher enters writes into the memtable
+and its write buffer under it, and writing the B-tree record by record (settling, or applying a
+commit with ``index_run_limit`` 0) holds it, pausing writers meanwhile. py-lmdb releases the GIL
+around every record it writes, so a writer thread running meanwhile would make each of those
+records wait for the GIL; pausing writers is several times faster for both. (A commit's run is
+one LMDB write and pauses nobody.)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from itertools import chain
+
+import lmdb
+import pyarrow as pa
+
+from kvlog.index.entry import (
+    IndexEntry,
+    decode_entry,
+    decode_index_value,
+    index_damage,
+    index_inline,
+)
+from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key
+from kvlog.index.memtable import TOMBSTONE, MemTable
+from kvlog.index.pending import PinnedRuns, find_in_runs, find_in_runs_checked, runs_newest_first
+from kvlog.index.scan import Resolve, scan_pairs
+from kvlog.index.snapshot import IndexReader
+from kvlog.index.write import clear_index, index_batch, settle_runs
+from kvlog.meta.cache import MetaTxn
+from kvlog.meta.env import CacheDamage, LmdbEnv
+
+__all__ = ["STALE", "KeyIndex", "RebuildChunk", "Stale"]
+
+#: One batch to index while rebuilding: partition, base offset, records, each record's offset.
+RebuildChunk = list[tuple[int, int, pa.RecordBatch, list[int]]]
+
+
+class Stale:
+    """The type of :data:`STALE`."""
+
+    def __repr__(self) -> str:
+        return "STALE"
+
+
+#: :meth:`KeyIndex.lookup`'s answer when the memtable does not hold the key and the caller's
+#: freshness deadline has passed: bring the index up to date, then look again.
+STALE = Stale()
+
+
+class KeyIndex:
+    """The key index of a log's metadata cache ``env``, with this process's memtable in front.
+
+    ``apply_lock`` is held by whoever applies commits to the cache: a scan takes the memtable
+    and its LMDB snapshot under it, with no apply in between. ``monotonic_s`` is the clock of
+    :meth:`lookup`'s freshness deadline.
+    """
+
+    def __init__(self, env: LmdbEnv, *, run_limit: int, apply_lock: AbstractContextManager[object],
+                 monotonic_s: Callable[[], float]) -> None:
+        self._env = env
+        self.run_limit = run_limit
+        self._apply_lock = apply_lock
+        self._monotonic_s = monotonic_s
+        #: This process's writes not applied to the index yet (see :class:`MemTable`).
+        self.memtable = MemTable()
+        #: The memtable's lock, held while the B-tree is written record by record.
+        self.lock: threading.Lock = self.memtable.lock
+        #: Merge the runs when an apply leaves more than ``run_limit`` pending (:meth:`settle_due`).
+        #: Off while opening, so that reopening after a crash never waits for a merge.
+        self.settle_on_apply = True
+        self.reopened()
+
+    def reopened(self) -> None:
+        """Take the environment's handles afresh: at construction, and after the environment
+        was reopened (a damaged cache deleted and opened empty)."""
+        env = self._env
+        self._begin = env.env.begin
+        self._index_db = env.dbs["index"]
+        self._runs_db = env.dbs["runs"]
+        # The id of the newest LMDB snapshot seen without index runs: the fast path's to read.
+        self._runless_snapshot = -1
+        self._pinned_runs = PinnedRuns(env)
+
+    # -- lookups ----------------------------------------------------------------------------------
+    def lookup(self, key: bytes, fresh_until: float = float("inf")) -> bytes | IndexEntry | Stale | None:
+        """``key``'s latest value (bytes: from the memtable, or inline in its entry), its entry
+        (the value is in a data file), or None (no such key, or deleted). A valid ``key``.
+
+        When the memtable does not hold it and the clock has reached ``fresh_until``, returns
+        :data:`STALE` instead, without reading LMDB. An entry failing its checks raises
+        ``CorruptDataError`` (the index is marked for rebuild), never returns a value.
+        """
+        memtable = self.memtable
+        front = memtable.front.get(key)
+        if front is None:
+            frozen = memtable.frozen
+            if frozen is not None:
+                front = frozen.get(key)
+        if front is not None:
+            return front if type(front) is bytes else None  # else a tombstone
+        if self._monotonic_s() >= fresh_until:
+            return STALE
+        if len(key) > DIRECT_KEY_BYTES:
+            return self._read_entry(key)
+        # The common case in one frame: a short key (its own LMDB key), in a read transaction of
+        # its own, the snapshot's pending runs pinned while no commit lands.
+        try:
+            txn = self._begin(self._index_db)
+        except lmdb.MapResizedError:
+            return self._read_entry(key)
+        except lmdb.Error as e:
+            raise self._env.failure(e) from e
+        try:
+            snapshot = txn.id()
+            raw = None
+            if snapshot != self._runless_snapshot:
+                runs = self._pinned_runs.runs(snapshot)
+                if runs is None:
+                    raw = b""  # a commit landed meanwhile: the general path, below
+                elif runs:
+                    raw = find_in_runs(runs, key)  # pending index runs first, newest first
+                    if raw == b"":
+                        return None  # deleted in a run
+                else:
+                    self._runless_snapshot = snapshot
+                    self._pinned_runs.release()
+            if raw is None:
+                raw = txn.get(key)
+                if raw is None:
+                    return None
+            # Checked against its CRC32C: a damaged entry raises, never returns a value.
+            inline = index_inline(key, raw) if raw else None
+        except lmdb.Error as e:
+            raise self._env.failure(e) from e
+        except ValueError:  # raised by the index's checks alone: the key is valid
+            raise index_damage(self._env, key) from None
+        finally:
+            txn.abort()
+        if inline is not None:
+            return inline
+        if not raw:
+            return self._read_entry(key)
+        return self._decoded(key, raw)
+
+    def _read_entry(self, key: bytes) -> bytes | IndexEntry | None:
+        """:meth:`lookup` past the memtable, in a read transaction of its own (any key)."""
+        raw = self._read_raw(encode_index_key(key))
+        return None if raw is None else self._decoded(key, raw)
+
+    def _decoded(self, key: bytes, raw: bytes) -> bytes | IndexEntry:
+        try:
+            entry = decode_index_value(key, raw)  # its CRC32C checked
+        except ValueError:
+            raise index_damage(self._env, encode_index_key(key)) from None
+        return entry if entry.inline is None else entry.inline
+
+    def _read_raw(self, lmdb_key: bytes) -> bytes | None:
+        """One raw index value by LMDB key, in a short read transaction of its own: from the
+        newest index run holding the key, else from the B-tree."""
+        env = self._env
+        try:
+            txn = env.env.begin(db=self._index_db, buffers=True)
+        except lmdb.MapResizedError:
+            env._adopt_size()
+            return self._read_raw(lmdb_key)
+        except lmdb.Error as e:
+            raise env.failure(e) from e
+        try:
+            found = find_in_runs_checked(runs_newest_first(txn, self._runs_db), lmdb_key)
+            if found is not None:
+                return found or None
+            view = txn.get(lmdb_key)
+            if view is None:
+                return None
+            value = bytes(view)
+            decode_entry(lmdb_key, value)  # its checksum
+            return value
+        except lmdb.Error as e:
+            raise env.failure(e) from e
+        except CacheDamage as e:
+            raise env.damaged(str(e), index_only=e.index_only) from None
+        finally:
+            txn.abort()
+
+    # -- snapshots, scans, counts -----------------------------------------------------------------
+    def reader(self) -> IndexReader:
+        """A consistent snapshot of the catalog and the index; ``close()`` it when done."""
+        env = self._env
+        for _attempt in range(4):
+            reader = IndexReader(env, env.read())
+            if reader.pin_runs():  # its index runs read in place, not copied
+                return reader
+            reader.close()  # a commit landed in between: take the newer snapshot
+        return IndexReader(env, env.read())
+
+    def scan(self, start: bytes | None, stop: bytes | None, prefix: bytes | None, reverse: bool,
+             resolve: Resolve) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` pairs in key order (or reverse), ``start <= key < stop`` with
+        ``prefix``, over one snapshot: the memtable's writes over the index's entries,
+        deletions left out. ``resolve`` reads a value that is not inline (in the snapshot)."""
+        with self._apply_lock:
+            front = self.memtable.items_in_range(start, stop, prefix)
+            reader = self.reader()
+        return chain.from_iterable(scan_pairs(reader, front, start, stop, prefix, reverse, resolve))
+
+    def count(self) -> int:
+        """Live keys: the index's, with the memtable's writes applied."""
+        with self._apply_lock:
+            front = self.memtable.items_in_range(None, None, None)
+            reader = self.reader()
+        try:
+            count = reader.index_count()
+            for key, value in front:
+                present = reader.index_get(key) is not None
+                if value is TOMBSTONE and present:
+                    count -= 1
+                elif value is not TOMBSTONE and not present:
+                    count += 1
+            return count
+        finally:
+            reader.close()
+
+    def release(self) -> None:
+        """Let go of the snapshot lookups pinned (before the environment closes)."""
+        self._pinned_runs.release()
+
+    # -- applying, settling, rebuilding -----------------------------------------------------------
+    def applying(self) -> AbstractContextManager[object]:
+        """Held while a commit is applied: the lock when it writes the B-tree record by record."""
+        return self.lock if self.run_limit == 0 else nullcontext()
+
+    def settle_due(self, runs: int) -> bool:
+        """Whether an apply that left ``runs`` runs pending should settle them now."""
+        return runs > self.run_limit > 0 and self.settle_on_apply
+
+    def settle(self) -> int:
+        """Merge the pending runs into the B-tree (writers paused); return how many."""
+        reader = self.reader()
+        try:
+            if not reader.runs_pending():
+                return 0
+        finally:
+            reader.close()
+        with self.lock:
+            return int(self._env.write(lambda txn: settle_runs(MetaTxn(self._env, txn))))
+
+    @contextmanager
+    def settle_deferred(self) -> Iterator[None]:
+        """Within the block, applying commits never merges the pending runs."""
+        previous, self.settle_on_apply = self.settle_on_apply, False
+        try:
+            yield
+        finally:
+            self.settle_on_apply = previous
+
+    def rebuild(self, chunks: Iterable[RebuildChunk], inline_limit: int) -> None:
+        """Empty the index and mark it not ready (meta ``index_ready``), index every batch of
+        ``chunks`` (one write transaction per chunk, in order: later batches win), then mark it
+        ready."""
+        def clear(txn: lmdb.Transaction) -> None:
+            meta = MetaTxn(self._env, txn)
+            clear_index(meta)
+            meta.put_meta("index_ready", b"0")
+
+        self._env.write(clear)
+        for chunk in chunks:
+            def work(txn: lmdb.Transaction, chunk: RebuildChunk = chunk) -> None:
+                meta = MetaTxn(self._env, txn)
+                for partition, base, records, offsets in chunk:
+                    index_batch(meta, partition, base, records, inline_limit, offsets)
+
+            self._env.write(work)
+        self._env.write(lambda txn: MetaTxn(self._env, txn).put_meta("index_ready", b"1"))

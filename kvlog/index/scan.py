@@ -1,0 +1,85 @@
+"""Scans of the whole key index: the memtable's writes over the snapshot's index (its pending
+runs over its B-tree), in key order or reverse, tombstones removed.
+
+A value comes from the memtable, inline from an index entry, or from the data file an entry
+points at: the caller's ``resolve`` reads that one in the scan's own snapshot. While the range
+has no memtable writes and the index no pending runs, a forward scan reads inline values in bulk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from kvlog.index.entry import IndexEntry
+from kvlog.index.memtable import Tombstone
+from kvlog.index.snapshot import IndexReader
+
+__all__ = ["Resolve", "merge_sorted", "scan_pairs"]
+
+#: Reads the value an entry points at (not inline), in the snapshot of the reader given:
+#: ``(key, entry, reader)``.
+Resolve = Callable[[bytes, IndexEntry, IndexReader], bytes]
+
+
+def merge_sorted(
+    indexed: Iterator[tuple[bytes, IndexEntry]],
+    front: list[tuple[bytes, bytes | Tombstone]],
+    *, reverse: bool,
+) -> Iterator[tuple[bytes, bytes | IndexEntry]]:
+    """Merge the index's entries with the memtable's (which win), skipping tombstones."""
+    if reverse:
+        front = front[::-1]
+    i = 0
+    n = len(front)
+
+    def before(a: bytes, b: bytes) -> bool:
+        return a > b if reverse else a < b
+
+    for key, entry in indexed:
+        while i < n and before(front[i][0], key):
+            fk, fv = front[i]
+            i += 1
+            if not isinstance(fv, Tombstone):
+                yield fk, fv
+        if i < n and front[i][0] == key:
+            fk, fv = front[i]
+            i += 1
+            if not isinstance(fv, Tombstone):
+                yield fk, fv
+            continue
+        yield key, entry
+    while i < n:
+        fk, fv = front[i]
+        i += 1
+        if not isinstance(fv, Tombstone):
+            yield fk, fv
+
+
+def scan_pairs(
+    reader: IndexReader, front: list[tuple[bytes, bytes | Tombstone]], lower: bytes | None,
+    upper: bytes | None, prefix: bytes | None, reverse: bool, resolve: Resolve,
+) -> Iterator[list[tuple[bytes, bytes]] | Iterator[tuple[bytes, bytes]]]:
+    """The ``(key, value)`` pairs of a scan as parts to chain (lists of pairs read in bulk, or
+    iterators); ``reader`` is closed when the parts end or are abandoned."""
+    try:
+        if not front and not reverse:
+            resume = yield from reader.index_inline_chunks(lower, upper, prefix)
+            if resume is None:
+                return
+            # The chain consumes this before resuming us, so the snapshot is still open.
+            lower, front = resume, []
+        yield _values(reader, merge_sorted(reader.index_scan(lower, upper, prefix, reverse), front,
+                                           reverse=reverse), resolve)
+    finally:
+        reader.close()
+
+
+def _values(reader: IndexReader, merged: Iterator[tuple[bytes, bytes | IndexEntry]],
+            resolve: Resolve) -> Iterator[tuple[bytes, bytes]]:
+    for key, found in merged:
+        if not isinstance(found, IndexEntry):
+            yield key, found
+        elif found.inline is not None:
+            yield key, found.inline
+        else:
+            yield key, resolve(key, found, reader)

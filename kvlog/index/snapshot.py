@@ -1,0 +1,149 @@
+"""A read snapshot of the metadata cache with its key index: the catalog and the index as of
+one LMDB transaction, so an index entry and the batch it points at are read consistently.
+
+The index of a snapshot is its B-tree with the snapshot's pending runs over it (newest first).
+LMDB errors and damage found are raised as kvlog errors, the damage recorded, as in every
+:class:`~kvlog.meta.cache.MetaReader` method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+
+import lmdb
+
+from kvlog.index.entry import IndexEntry, decode_entry
+from kvlog.index.keys import encode_index_key, scan_bounds
+from kvlog.index.pending import find_in_runs_checked, merge_runs, runs_newest_first
+from kvlog.index.runs import Buffer
+from kvlog.index.tree import inline_chunks, overlay, walk_forward, walk_reverse
+from kvlog.meta.cache import MetaReader, guard_methods
+from kvlog.meta.env import LmdbEnv
+
+__all__ = ["IndexReader", "runs_pending"]
+
+
+def runs_pending(reader: MetaReader) -> int:
+    """Index runs of ``reader``'s snapshot not merged into the B-tree yet."""
+    return int(reader.txn.stat(reader.env.dbs["runs"])["entries"])
+
+
+@guard_methods
+class IndexReader(MetaReader):
+    """Reads of the catalog and the key index within one LMDB transaction."""
+
+    def __init__(self, env: LmdbEnv, txn: lmdb.Transaction) -> None:
+        super().__init__(env, txn)
+        self._run_cache: list[Buffer] | None = None
+        self._run_views: lmdb.Transaction | None = None
+
+    def close(self) -> None:
+        """End this snapshot (its transaction and the one its index runs are read through)."""
+        self.txn.abort()
+        if self._run_views is not None:
+            self._run_views.abort()
+            self._run_views = None
+        self._run_cache = None
+
+    def index_get(self, key: bytes) -> IndexEntry | None:
+        """``key``'s entry: the newest pending run's, else the B-tree's (None: no entry)."""
+        lmdb_key = encode_index_key(key)
+        found = find_in_runs_checked(self._runs(), lmdb_key)
+        if found is not None:
+            return decode_entry(lmdb_key, found)[1] if found else None
+        value = self.txn.get(lmdb_key, db=self._db["index"])
+        if value is None:
+            return None
+        return decode_entry(lmdb_key, bytes(value))[1]
+
+    def index_count(self) -> int:
+        """Keys in the index (its pending runs applied)."""
+        count = int(self.txn.stat(self._db["index"])["entries"])
+        runs = self._runs()
+        if runs:
+            index_db = self._db["index"]
+            for key, value in merge_runs(runs, None, None, reverse=False):
+                present = self.txn.get(key, db=index_db) is not None
+                if value and not present:
+                    count += 1
+                elif not value and present:
+                    count -= 1
+        return count
+
+    def runs_pending(self) -> int:
+        """Index runs of this snapshot not merged into the index yet."""
+        return runs_pending(self)
+
+    def _runs(self) -> list[Buffer]:
+        """This snapshot's index runs, newest first (read once per reader)."""
+        if self._run_cache is None and not self.pin_runs():
+            # A commit landed between this reader's transaction and the second one: read copies
+            # (this transaction makes bytes), at most index_run_limit runs of one flush each.
+            self._run_cache = runs_newest_first(self.txn, self._db["runs"])
+        assert self._run_cache is not None
+        return self._run_cache
+
+    def pin_runs(self) -> bool:
+        """Find this snapshot's index runs (if any) as views of the LMDB map, through a second read
+        transaction of the same snapshot kept as long as this reader; False if a commit landed
+        since this reader began (the second transaction would see another snapshot)."""
+        if self._run_cache is not None:
+            return True
+        if not self.runs_pending():
+            self._run_cache = []
+            return True
+        try:
+            views = self._env.env.begin(buffers=True)
+        except lmdb.Error:
+            return False
+        if views.id() != self.txn.id():
+            views.abort()
+            return False
+        self._run_views = views
+        self._run_cache = runs_newest_first(views, self._db["runs"])
+        return True
+
+    def index_scan(
+        self,
+        start: bytes | None = None,
+        stop: bytes | None = None,
+        prefix: bytes | None = None,
+        reverse: bool = False,
+    ) -> Iterator[tuple[bytes, IndexEntry]]:
+        """Index entries in true key order (or reverse), ``start <= key < stop``, with ``prefix``."""
+        lower, upper = scan_bounds(start, stop, prefix)
+        if lower is not None and upper is not None and lower >= upper:
+            return
+        runs = self._runs()
+        with self.txn.cursor(db=self._db["index"]) as cur:
+            entries = walk_reverse(cur, upper) if reverse else walk_forward(cur, lower)
+            if runs:
+                entries = overlay(entries, merge_runs(runs, lower, upper, reverse=reverse), reverse=reverse)
+            for key, entry in entries:
+                if reverse:
+                    if upper is not None and key >= upper:
+                        continue
+                    if lower is not None and key < lower:
+                        return
+                else:
+                    if lower is not None and key < lower:
+                        continue
+                    if upper is not None and key >= upper:
+                        return
+                if prefix and not key.startswith(prefix):
+                    continue
+                yield key, entry
+
+    def index_inline_chunks(
+        self, start: bytes | None, stop: bytes | None, prefix: bytes | None
+    ) -> Generator[list[tuple[bytes, bytes]], None, bytes | None]:
+        """Forward scan of ``(key, inline value)`` lists while entries are short keys with inline
+        values; returns None at the end of the range, or the lower bound from which the rest must
+        be read with :meth:`index_scan` (at the first other entry)."""
+        lower, upper = scan_bounds(start, stop, prefix)
+        if lower is not None and upper is not None and lower >= upper:
+            return None
+        if self._runs():
+            return b"" if lower is None else lower  # pending runs: the general path merges them
+        with self.txn.cursor(db=self._db["index"]) as cur:
+            return (yield from inline_chunks(cur, lower, upper))
