@@ -73,6 +73,7 @@ from benchmarks.sizing import records_per_flush
 from kvlog.compaction import SLOT_BYTES, OffsetMap, capacity_for, fingerprints
 from kvlog.format import SCHEMA as DATA_SCHEMA
 from kvlog.log import PendingBatch, partition_for_key
+from kvlog.meta import LiveFile
 
 __all__ = [
     "FULL", "QUICK", "SCHEMA", "TINY", "Sizes", "ascending_key_order", "batch_records", "bulk_load",
@@ -280,20 +281,20 @@ def _store_settings(map_bytes: int, partitions: int, flush_bytes: int) -> dict[s
 # What a log holds, file by file and batch by batch: Store.stats() counts files and batches but
 # does not list them, so these two read one snapshot of the log's metadata (Log.snapshot).
 
-def live_files(the_log: kvlog.Log) -> list[dict[str, Any]]:
-    """The live data files of ``the_log``: their metadata entries (``path`` relative to the
-    store's root, ``size``, ``level``…) with their ``file_id``."""
-    def read(r: Any) -> list[dict[str, Any]]:
-        return [dict(entry, file_id=file_id) for file_id, entry in r.iter_files()]
+def live_files(the_log: kvlog.Log) -> list[LiveFile]:
+    """The live data files of ``the_log`` (``path`` relative to the store's root, ``size``,
+    ``level``…)."""
+    def read(r: Any) -> list[LiveFile]:
+        return [entry for _file_id, entry in r.iter_files()]
 
-    files: list[dict[str, Any]] = the_log.snapshot(read)
+    files: list[LiveFile] = the_log.snapshot(read)
     return files
 
 
 def batch_records(the_log: kvlog.Log) -> list[int]:
     """The records of every live batch of ``the_log``, partition by partition, in offset order."""
     def read(r: Any) -> list[int]:
-        return [int(b["n"]) for p in range(the_log.partitions) for b in r.iter_batches(p, 0)]
+        return [b.count for p in range(the_log.partitions) for b in r.iter_batches(p, 0)]
 
     counts: list[int] = the_log.snapshot(read)
     return counts
@@ -397,7 +398,7 @@ def _compact_against_floor(store_dir: Path, settings: dict[str, Any], repeats: i
     """Compact the closed store at ``store_dir`` in a child ``repeats`` times (each on a fresh
     clone of the loaded store), then measure the floor on its input files."""
     with kvlog.open(store_dir, read_only=True) as ro:
-        inputs = [store_dir / f["path"] for f in live_files(ro.log)]
+        inputs = [store_dir / f.path for f in live_files(ro.log)]
         compression = ro.config.compression
     runs = []
     for r in range(1, repeats):
@@ -413,7 +414,7 @@ def _compact_against_floor(store_dir: Path, settings: dict[str, Any], repeats: i
     child["compact_s"] = median(child["compact_runs_s"])
     child["growth_kib"] = max(run["growth_kib"] for run in runs)
     with kvlog.open(store_dir, read_only=True) as ro:
-        outputs = [store_dir / f["path"] for f in live_files(ro.log)]
+        outputs = [store_dir / f.path for f in live_files(ro.log)]
         stats = ro.stats()
         sizes = batch_records(ro.log)
     child["output_batches"] = len(sizes)

@@ -211,7 +211,7 @@ def load_store(path: Path, records: int, keys: int, sizes: Sizes) -> dict[str, A
     try:
         loaded = bulk_load(the_log, indices, sizes.records_per_file, seed=sizes.seed,
                            value_bytes=sizes.value_bytes, partition_of=partition_of)
-        files = [path / entry["path"] for entry in live_files(the_log)]
+        files = [path / entry.path for entry in live_files(the_log)]
         compression = the_log.config.compression
     finally:
         the_log.close()
@@ -223,7 +223,7 @@ def load_store(path: Path, records: int, keys: int, sizes: Sizes) -> dict[str, A
 def _live_paths(path: Path) -> list[Path]:
     the_log = open_log(str(path), create=False, read_only=True, maintain_index=False)
     try:
-        return [path / entry["path"] for entry in live_files(the_log)]
+        return [path / entry.path for entry in live_files(the_log)]
     finally:
         the_log.close()
 

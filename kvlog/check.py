@@ -11,6 +11,7 @@ from kvlog.index import IndexReader
 from kvlog.log import Log
 from kvlog.log.naming import commit_name
 from kvlog.log.reader import records_of_batch
+from kvlog.meta import CleanerState, LiveBatch, LiveFile
 
 __all__ = ["check_store", "log_stats"]
 
@@ -40,39 +41,39 @@ def check_store(log: Log, *, deep: bool = False) -> list[str]:
         findings.append(f"commit {version + 1} exists but the cache stopped at {version}")
     findings.extend(_check_newest_commit(log, version))
 
-    def collect(r: IndexReader) -> tuple[dict[str, Any], dict[int, list[dict[str, Any]]], dict[int, int], int]:
+    def collect(r: IndexReader) -> tuple[dict[str, LiveFile], dict[int, list[LiveBatch]], dict[int, int], int]:
         files = dict(r.iter_files())
         per_partition = {p: list(r.iter_batches(p, 0)) for p in range(log.partitions)}
-        ends = {p: int(r.get_partition(p)["end"]) for p in range(log.partitions)}
+        ends = {p: r.partition_end(p) for p in range(log.partitions)}
         return files, per_partition, ends, r.index_count()
 
     files, per_partition, ends, index_count = log.snapshot(collect)
     for file_id, entry in files.items():
         try:
-            data = log.storage.read(entry["path"])
+            data = log.storage.read(entry.path)
         except FileNotFoundError:
-            findings.append(f"live file {entry['path']} is missing from storage")
+            findings.append(f"live file {entry.path} is missing from storage")
             continue
         except StorageError as e:
-            findings.append(f"live file {entry['path']} could not be read: {e}")
+            findings.append(f"live file {entry.path} could not be read: {e}")
             continue
-        if len(data) != entry["size"]:
-            findings.append(f"live file {entry['path']} has {len(data)} bytes, expected {entry['size']}")
-        elif crc32c(data) != entry["crc"]:
-            findings.append(f"live file {entry['path']} fails its checksum (damaged in storage)")
+        if len(data) != entry.size:
+            findings.append(f"live file {entry.path} has {len(data)} bytes, expected {entry.size}")
+        elif crc32c(data) != entry.crc:
+            findings.append(f"live file {entry.path} fails its checksum (damaged in storage)")
         del data
-        if not entry["batches"]:
+        if not entry.batches:
             findings.append(f"live file {file_id} has no live batch")
     for p, batches in per_partition.items():
         previous_last = -1
         for batch in batches:
-            if batch["base"] <= previous_last:
-                findings.append(f"partition {p}: batch {batch['base']}..{batch['last']} overlaps the one before")
-            if batch["last"] < batch["base"] or batch["last"] >= ends[p]:
-                findings.append(f"partition {p}: batch {batch['base']}..{batch['last']} outside [0, {ends[p]})")
-            if batch["f"] not in files:
-                findings.append(f"partition {p}: batch at {batch['base']} belongs to no live file")
-            previous_last = batch["last"]
+            if batch.base <= previous_last:
+                findings.append(f"partition {p}: batch {batch.base}..{batch.last} overlaps the one before")
+            if batch.last < batch.base or batch.last >= ends[p]:
+                findings.append(f"partition {p}: batch {batch.base}..{batch.last} outside [0, {ends[p]})")
+            if batch.file_id not in files:
+                findings.append(f"partition {p}: batch at {batch.base} belongs to no live file")
+            previous_last = batch.last
             if deep:
                 try:
                     log.read_batch(batch)
@@ -111,12 +112,12 @@ def _check_index(log: Log) -> list[str]:
 
     entries = log.snapshot(every_entry)
     by_batch: dict[tuple[int, int], list[tuple[bytes, Any]]] = {}
-    batches: dict[tuple[int, int], dict[str, Any]] = {}
+    batches: dict[tuple[int, int], LiveBatch] = {}
     for key, entry in entries:
         if log.partition_for(key) != entry.partition:
             findings.append(f"index entry at offset {entry.offset} is in the wrong partition")
             continue
-        def holder(r: IndexReader, e: Any = entry) -> dict[str, Any] | None:
+        def holder(r: IndexReader, e: Any = entry) -> LiveBatch | None:
             return r.find_batch(e.partition, e.offset)
 
         batch = log.snapshot(holder)
@@ -124,7 +125,7 @@ def _check_index(log: Log) -> list[str]:
             findings.append(f"index entry of a key points at partition {entry.partition} offset "
                             f"{entry.offset}, which is not live")
             continue
-        slot = (entry.partition, int(batch["last"]))
+        slot = (entry.partition, batch.last)
         batches[slot] = batch
         by_batch.setdefault(slot, []).append((key, entry))
     for slot, items in by_batch.items():
@@ -151,23 +152,23 @@ def log_stats(log: Log) -> dict[str, Any]:
         files = dict(r.iter_files())
         levels: dict[str, dict[str, int]] = {}
         for entry in files.values():
-            level = levels.setdefault(str(entry["level"]), {"files": 0, "bytes": 0})
+            level = levels.setdefault(str(entry.level), {"files": 0, "bytes": 0})
             level["files"] += 1
-            level["bytes"] += entry["size"]
+            level["bytes"] += entry.size
         partitions = []
         records = 0
         for p in range(log.partitions):
             batches = list(r.iter_batches(p, 0))
-            count = sum(int(b["n"]) for b in batches)
+            count = sum(b.count for b in batches)
             records += count
             partitions.append({
                 "partition": p,
-                "start_offset": int(batches[0]["base"]) if batches else int(r.get_partition(p)["end"]),
-                "end_offset": int(r.get_partition(p)["end"]),
+                "start_offset": batches[0].base if batches else r.partition_end(p),
+                "end_offset": r.partition_end(p),
                 "records": count,
                 "batches": len(batches),
-                "data_bytes": sum(int(b["bytes"]) for b in batches),
-                "cleaner": r.get_cleaner(p),
+                "data_bytes": sum(b.data_bytes for b in batches),
+                "cleaner": _cleaner_json(r.get_cleaner(p)),
             })
         return {
             "uri": log.storage.uri,
@@ -178,7 +179,7 @@ def log_stats(log: Log) -> dict[str, Any]:
             "index_runs": r.runs_pending(),
             "records": records,
             "files": len(files),
-            "file_bytes": sum(e["size"] for e in files.values()),
+            "file_bytes": sum(e.size for e in files.values()),
             "levels": levels,
             "producers": sum(1 for _ in r.iter_producers()),
             "partition_stats": partitions,
@@ -192,3 +193,8 @@ def log_stats(log: Log) -> dict[str, Any]:
     out["commits_applied"] = log.commits_applied
     out["storage_requests"] = dict(log.storage.requests)
     return out
+
+
+def _cleaner_json(state: CleanerState | None) -> dict[str, Any]:
+    """A partition's cleaner state as ``stats()`` shows it ({} before its first round)."""
+    return {} if state is None else state.to_json()

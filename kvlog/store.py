@@ -254,11 +254,11 @@ class Store:
         where = f"partition {entry.partition} offset {entry.offset}"
         try:
             records = self.log.read_batch(batch)
-            position = entry.offset - int(batch["base"])
-            if batch.get("present") is not None:
+            position = entry.offset - batch.base
+            if batch.present is not None:
                 from kvlog.format.bitmap import decode_offsets
 
-                present = decode_offsets(batch["path"], batch["present"])
+                present = decode_offsets(batch.path, batch.present)
                 if position not in present:  # never read a neighbour's value for a removed offset
                     from kvlog.errors import CorruptDataError
 

@@ -46,10 +46,11 @@ from kvlog.clock import SystemClock
 from kvlog.errors import ConfigError, InvalidRecordError, KvlogError
 from kvlog.format.bitmap import decode_offsets
 from kvlog.format.commit import BatchEntry, Commit, file_from_json, file_to_json
-from kvlog.format.datafile import BatchLocation, DataFileWriter, decode_batch, make_record_batch
+from kvlog.format.datafile import DataFileWriter, decode_batch, make_record_batch
 from kvlog.log import open_log
 from kvlog.log.naming import data_file_name
 from kvlog.log.records import partition_for_key
+from kvlog.meta import LiveBatch
 from kvlog.storage import open_storage
 from spark_ext.options import driver_cache_dir, storage_options_from, store_uri
 
@@ -104,12 +105,12 @@ def _check_write_schema(schema: StructType) -> None:
 
 
 def live_batches(uri: str, storage_options: dict[str, Any] | None, cache_dir: str | None = None
-                 ) -> tuple[int, int, list[dict[str, Any]]]:
+                 ) -> tuple[int, int, list[LiveBatch]]:
     """(version, partitions, every live batch in partition then offset order) at the newest version."""
     the_log = open_log(uri, create=False, read_only=True, storage_options=storage_options,
                        cache_dir=driver_cache_dir(uri, cache_dir), maintain_index=False)
     try:
-        def collect(r: Any) -> list[dict[str, Any]]:
+        def collect(r: Any) -> list[LiveBatch]:
             return [b for p in range(the_log.partitions) for b in r.iter_batches(p, 0)]
 
         return the_log.version, the_log.partitions, the_log.snapshot(collect)
@@ -117,25 +118,25 @@ def live_batches(uri: str, storage_options: dict[str, Any] | None, cache_dir: st
         the_log.close()
 
 
-def _offsets(batch: dict[str, Any]) -> pa.Array:
-    base = int(batch["base"])
-    if batch.get("present") is None:
-        return pa.array(range(base, int(batch["last"]) + 1), pa.int64())
-    bitmap = decode_offsets(batch["path"], batch["present"])
+def _offsets(batch: LiveBatch) -> pa.Array:
+    base = batch.base
+    if batch.present is None:
+        return pa.array(range(base, batch.last + 1), pa.int64())
+    bitmap = decode_offsets(batch.path, batch.present)
     return pc.add(pa.array(list(bitmap), pa.int64()), base)
 
 
-def read_batches(storage: Any, batches: Sequence[dict[str, Any]], *, whole_file: bool) -> Iterator[
-        tuple[dict[str, Any], pa.RecordBatch]]:
+def read_batches(storage: Any, batches: Sequence[LiveBatch], *, whole_file: bool) -> Iterator[
+        tuple[LiveBatch, pa.RecordBatch]]:
     """Decode ``batches`` (one GET of the whole file when ``whole_file``, else one ranged GET each)."""
     data: bytes | None = None
     if whole_file and batches:
-        data = storage.read(batches[0]["path"])
+        data = storage.read(batches[0].path)
     for b in batches:
-        loc = BatchLocation(b["pos"], b["len"], b["crc"], b["n"], b["bytes"], b["ts"][0], b["ts"][1])
-        raw = data[b["pos"]:b["pos"] + b["len"]] if data is not None else storage.read_range(
-            b["path"], b["pos"], b["len"])
-        yield b, decode_batch(b["path"], raw, loc)
+        loc = b.location
+        raw = data[b.position:b.position + b.length] if data is not None else storage.read_range(
+            b.path, b.position, b.length)
+        yield b, decode_batch(b.path, raw, loc)
 
 
 class _Reader(DataSourceReader):  # type: ignore[misc]
@@ -171,22 +172,22 @@ class _Reader(DataSourceReader):  # type: ignore[misc]
     def partitions(self) -> list[InputPartition]:
         _version, _n, batches = live_batches(self.uri, self.storage_options, self.cache_dir)
         if self.partitions_wanted is not None:
-            batches = [b for b in batches if int(b["p"]) in self.partitions_wanted]
+            batches = [b for b in batches if b.partition in self.partitions_wanted]
         if self.offset_min is not None:
-            batches = [b for b in batches if int(b["last"]) >= self.offset_min]
+            batches = [b for b in batches if b.last >= self.offset_min]
         if self.offset_max is not None:
-            batches = [b for b in batches if int(b["base"]) < self.offset_max]
-        groups: dict[Any, list[dict[str, Any]]] = {}
+            batches = [b for b in batches if b.base < self.offset_max]
+        groups: dict[Any, list[LiveBatch]] = {}
         for b in batches:
-            groups.setdefault(b["path"] if self.view == "log" else int(b["p"]), []).append(b)
+            groups.setdefault(b.path if self.view == "log" else b.partition, []).append(b)
         if self.view == "log":
             for items in groups.values():
-                items.sort(key=lambda b: b["pos"])
+                items.sort(key=lambda b: b.position)
         parts = [InputPartition(items) for _k, items in sorted(groups.items(), key=lambda kv: str(kv[0]))]
         return parts or [InputPartition([])]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        batches: list[dict[str, Any]] = partition.value
+        batches: list[LiveBatch] = partition.value
         if not batches:
             return
         storage = open_storage(self.uri, self.storage_options)
@@ -198,16 +199,16 @@ class _Reader(DataSourceReader):  # type: ignore[misc]
         finally:
             storage.close()
 
-    def _read_log(self, storage: Any, batches: list[dict[str, Any]]) -> Iterator[pa.RecordBatch]:
+    def _read_log(self, storage: Any, batches: list[LiveBatch]) -> Iterator[pa.RecordBatch]:
         for b, rb in read_batches(storage, batches, whole_file=True):
             offsets = _offsets(b)
             values = rb.column(1)
             n = rb.num_rows
-            columns = [pa.array([int(b["p"])] * n, pa.int32()), offsets, rb.column(2), rb.column(0), values,
+            columns = [pa.array([b.partition] * n, pa.int32()), offsets, rb.column(2), rb.column(0), values,
                        pc.is_null(values)]
             schema = _LOG_ARROW
             if self.internal:
-                columns.append(pa.array([b.get("horizon")] * n, pa.int64()))
+                columns.append(pa.array([b.horizon_ms] * n, pa.int64()))
                 schema = _LOG_INTERNAL_ARROW
             out = pa.record_batch(columns, schema=schema)
             if self.offset_min is not None or self.offset_max is not None:
@@ -220,7 +221,7 @@ class _Reader(DataSourceReader):  # type: ignore[misc]
             if out.num_rows:
                 yield out
 
-    def _read_latest(self, storage: Any, batches: list[dict[str, Any]]) -> Iterator[pa.RecordBatch]:
+    def _read_latest(self, storage: Any, batches: list[LiveBatch]) -> Iterator[pa.RecordBatch]:
         """Newest first: the first record seen of each key is its latest; tombstones hide the key."""
         seen: set[bytes] = set()
         # One ranged read per batch, newest first and lazily: a task holds one batch at a time
@@ -241,7 +242,7 @@ class _Reader(DataSourceReader):  # type: ignore[misc]
             idx = pa.array(take, pa.int64())
             n = len(take)
             yield pa.record_batch([
-                rb.column(0).take(idx), values.take(idx), pa.array([int(b["p"])] * n, pa.int32()),
+                rb.column(0).take(idx), values.take(idx), pa.array([b.partition] * n, pa.int32()),
                 offsets.take(idx), rb.column(2).take(idx),
             ], schema=_LATEST_ARROW)
 
@@ -322,8 +323,8 @@ class _Writer(DataSourceArrowWriter):  # type: ignore[misc]
                                                       add=tuple(files)))
         finally:
             the_log.close()
-        if outcome["error"] is not None:
-            raise KvlogError(f"the append commit was refused: {outcome['error'][1]}")
+        if outcome.refusal is not None:
+            raise KvlogError(f"the append commit was refused: {outcome.refusal.message}")
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         storage = open_storage(self.uri, self.storage_options)

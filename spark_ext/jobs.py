@@ -72,12 +72,12 @@ def compact(spark: Any, uri: str, *, storage_options: dict[str, Any] | None = No
         compression = the_log.config.compression
         retention = the_log.config.delete_retention_ms
         version = the_log.version
-        input_batches = [b for items in batches.values() for b in items if b["f"] in inputs]
+        input_batches = [b for items in batches.values() for b in items if b.file_id in inputs]
         log_df = _reader(spark, uri, storage_options, internal="true", cache_dir=cache_dir or "")
         # Exact dedup over each cleaned partition's dirty range: the latest offset of every real key.
         # Only the plan's inputs: the reader plans at the newest version, and records appended since
         # (offsets past the inputs' last one) would make the outputs overlap their live batches.
-        bounds = {p: max(int(b["last"]) for b in items) + 1 for p, items in batches.items() if items}
+        bounds = {p: max(b.last for b in items) + 1 for p, items in batches.items() if items}
         ranges = spark.createDataFrame(
             [(p, *clean.get(p, (None, None)), end) for p, end in bounds.items()] or [(-1, 0, 0, 0)],
             "partition int, first_dirty bigint, first_uncleanable bigint, input_end bigint")
@@ -111,7 +111,7 @@ def compact(spark: Any, uri: str, *, storage_options: dict[str, Any] | None = No
         report.kind = "spark"
         report.files_in = len(plan.input_files)
         report.partitions = sorted(clean)
-        if outcome["error"] is not None:
+        if outcome.refusal is not None:
             storage = the_log.storage
             # Outputs an earlier attempt of this commit made live (its answer lost) stay.
             live = set(the_log.snapshot(lambda r: [file_id for file_id, _entry in r.iter_files()]))
@@ -121,12 +121,12 @@ def compact(spark: Any, uri: str, *, storage_options: dict[str, Any] | None = No
             report.refused = True
             return report
         report.rounds = 1
-        report.version = int(outcome["version"])
+        report.version = outcome.version
         report.records_read = int(counts["n"])
         report.records_written = written
         report.records_removed = report.records_read - written
         report.tombstones_removed = int(counts["t"] or 0)
-        report.bytes_read = sum(int(b["len"]) for b in input_batches)
+        report.bytes_read = sum(b.length for b in input_batches)
         report.bytes_written = sum(f.size for f in outputs)
         report.files_out = len(outputs)
         report.checkpoints = {p: hi for p, (_lo, hi) in clean.items()}

@@ -100,7 +100,7 @@ def test_output_batches_stay_within_the_limit(tmp_path: Path) -> None:
         bulk_load(store.log, ascending_key_order(n), n, seed=0, value_bytes=8,
                   partition_of=np.zeros(n, dtype=np.int64))
         report = store.compact(force=True)
-        counts = store.log.snapshot(lambda r: [int(b["n"]) for b in r.iter_batches(0, 0)])
+        counts = store.log.snapshot(lambda r: [b.count for b in r.iter_batches(0, 0)])
     assert report.records_written == n and not report.partial
     assert sum(counts) == n
     assert max(counts) <= OUTPUT_BATCH_RECORDS

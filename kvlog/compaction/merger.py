@@ -46,7 +46,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -60,8 +60,9 @@ from kvlog.errors import CorruptDataError, KvlogError
 from kvlog.format.bitmap import decode_offsets, encode_offsets, offsets_of
 from kvlog.format.columns import bool_column, valid_mask
 from kvlog.format.commit import BatchEntry, FileEntry
-from kvlog.format.datafile import BatchLocation, DataFileWriter, decode_batch, make_record_batch
+from kvlog.format.datafile import DataFileWriter, decode_batch, make_record_batch
 from kvlog.memory import COMPACTION_POOL, release_unused_memory
+from kvlog.meta import LiveBatch
 from kvlog.storage.base import BytesLike, ForwardStream, Storage
 
 __all__ = ["JobResult", "OutputWriter", "PartitionFailure", "WriteFile", "run_job", "OUTPUT_BATCH_RECORDS"]
@@ -115,26 +116,24 @@ class _Streams:
         self.bytes_read = 0
         self._count_lock = threading.Lock()  # pass 1 and pass 2 of different partitions read at once
 
-    def read(self, which: str, batch: Mapping[str, Any], *, keys_only: bool = False) -> pa.RecordBatch:
+    def read(self, which: str, batch: LiveBatch, *, keys_only: bool = False) -> pa.RecordBatch:
         """The records of ``batch`` read through stream ``which`` (its keys alone with ``keys_only``)."""
-        key = (which, batch["path"])
+        key = (which, batch.path)
         stream = self._open.get(key)
         if stream is None:
             try:
-                stream = self._storage.open_stream(batch["path"], int(batch["pos"]))
+                stream = self._storage.open_stream(batch.path, batch.position)
             except FileNotFoundError:
-                raise CorruptDataError(batch["path"], "input data file is missing") from None
+                raise CorruptDataError(batch.path, "input data file is missing") from None
             self._open[key] = stream
-        stream.skip_to(int(batch["pos"]))
-        data = stream.read(int(batch["len"]))
+        stream.skip_to(batch.position)
+        data = stream.read(batch.length)
         with self._count_lock:
             self.bytes_read += len(data)
-        location = BatchLocation(batch["pos"], batch["len"], batch["crc"], batch["n"], batch["bytes"],
-                                 batch["ts"][0], batch["ts"][1])
-        return decode_batch(batch["path"], data, location, keys_only=keys_only, memory_pool=COMPACTION_POOL)
+        return decode_batch(batch.path, data, batch.location, keys_only=keys_only, memory_pool=COMPACTION_POOL)
 
-    def process(self, which: str, batches: Sequence[Mapping[str, Any]],
-                prepare: Callable[[Mapping[str, Any], pa.RecordBatch], _T], consume: Callable[[_T], bool],
+    def process(self, which: str, batches: Sequence[LiveBatch],
+                prepare: Callable[[LiveBatch, pa.RecordBatch], _T], consume: Callable[[_T], bool],
                 *, ahead_bytes: int, keys_only: bool = False) -> None:
         """``consume(prepare(batch, records))`` for each of ``batches`` in order, until ``consume``
         returns False.
@@ -152,7 +151,7 @@ class _Streams:
         queued_bytes = 0
         following = 0
 
-        def work(batch: Mapping[str, Any]) -> _T:
+        def work(batch: LiveBatch) -> _T:
             return prepare(batch, self.read(which, batch, keys_only=keys_only))
 
         with ThreadPoolExecutor(1, thread_name_prefix="kvlog-compaction-read") as pool:
@@ -161,9 +160,9 @@ class _Streams:
                 """Queue batches while those queued fit in ``limit`` bytes, or one if none is (limit 0)."""
                 nonlocal queued_bytes, following
                 while following < len(batches) and (
-                    (not queued and not limit) or queued_bytes + int(batches[following]["len"]) <= limit
+                    (not queued and not limit) or queued_bytes + batches[following].length <= limit
                 ):
-                    size = int(batches[following]["len"])
+                    size = batches[following].length
                     queued.append((pool.submit(work, batches[following]), size))
                     queued_bytes += size
                     following += 1
@@ -197,13 +196,13 @@ class _Streams:
         self._open.clear()
 
 
-def _offsets(batch: Mapping[str, Any]) -> np.ndarray:
+def _offsets(batch: LiveBatch) -> np.ndarray:
     """The present offsets of ``batch``, ascending."""
-    base = int(batch["base"])
-    present = batch.get("present")
+    base = batch.base
+    present = batch.present
     if present is None:
-        return np.arange(base, int(batch["last"]) + 1, dtype=np.int64)
-    return offsets_of(decode_offsets(batch["path"], present)).astype(np.int64) + base
+        return np.arange(base, batch.last + 1, dtype=np.int64)
+    return offsets_of(decode_offsets(batch.path, present)).astype(np.int64) + base
 
 
 class OutputWriter:
@@ -323,7 +322,7 @@ class OutputWriter:
 
 def run_job(
     plan: Plan,
-    batches_by_partition: Mapping[int, Sequence[Mapping[str, Any]]],
+    batches_by_partition: Mapping[int, Sequence[LiveBatch]],
     storage: Storage,
     write_file: WriteFile,
     offset_map: OffsetMap | None,
@@ -354,7 +353,7 @@ def run_job(
     cleaned = [p for p in batches_by_partition if p in plan.clean] if offset_map is not None else []
     last_cleaned = max(cleaned, default=None)
 
-    def write_stage(partition: int, batches: Sequence[Mapping[str, Any]], cleaning: _Round | None) -> None:
+    def write_stage(partition: int, batches: Sequence[LiveBatch], cleaning: _Round | None) -> None:
         try:
             if cleaning is not None:
                 _pass_two(partition, batches, streams, output, cleaning, config, now_ms, result)
@@ -401,7 +400,7 @@ def run_job(
                         result.checkpoints[partition] = round_end
                         cleaning = _Round(spec.first_dirty, round_end, latest, offset_map, seed,
                                           reused=partition != last_cleaned)
-                        if cleaning.reused and not any(int(b["base"]) < spec.first_dirty for b in batches):
+                        if cleaning.reused and not any(b.base < spec.first_dirty for b in batches):
                             cleaning.map_free.set()  # no clean section: pass 2 never reads the map
                         map_in_use = cleaning.map_free
                     writes.append(writer.submit(write_stage, partition, batches, cleaning))
@@ -455,7 +454,7 @@ class _Round:
         self.map_free.set()
 
 
-def _pass_one(first_dirty: int, first_uncleanable: int, batches: Sequence[Mapping[str, Any]],
+def _pass_one(first_dirty: int, first_uncleanable: int, batches: Sequence[LiveBatch],
               streams: _Streams, offset_map: OffsetMap, seed: int) -> tuple[int, BitMap]:
     """Build the map over the dirty range; return the round's end and the latest record of
     every key in the round (relative to ``first_dirty``).
@@ -467,9 +466,9 @@ def _pass_one(first_dirty: int, first_uncleanable: int, batches: Sequence[Mappin
     limit = min(first_uncleanable, first_dirty + MAX_RELATIVE_OFFSET + 1)
     round_end = limit
     last_mapped = first_dirty - 1
-    dirty = [b for b in batches if b["last"] >= first_dirty and b["base"] < limit]
+    dirty = [b for b in batches if b.last >= first_dirty and b.base < limit]
 
-    def prepare(batch: Mapping[str, Any], records: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def prepare(batch: LiveBatch, records: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         offsets = _offsets(batch)
         start, stop = (int(i) for i in np.searchsorted(offsets, [first_dirty, limit]))
         hi, lo = fingerprints(records.column(0).slice(start, stop - start), seed)
@@ -504,7 +503,7 @@ class _Kept:
     tombstones_removed: int = 0
 
 
-def _pass_two(partition: int, batches: Sequence[Mapping[str, Any]], streams: _Streams, output: OutputWriter,
+def _pass_two(partition: int, batches: Sequence[LiveBatch], streams: _Streams, output: OutputWriter,
               cleaning: _Round, config: StoreConfig, now_ms: int, result: JobResult) -> None:
     """Rewrite the partition: keep the latest record of every key (tombstones until their horizon).
 
@@ -512,12 +511,12 @@ def _pass_two(partition: int, batches: Sequence[Mapping[str, Any]], streams: _St
     Only the clean section's keys are looked up in the map, and its batches come first: once
     the last of them is selected, the map's memory is handed back for the rest of the pass.
     """
-    clean_batches = sum(1 for b in batches if int(b["base"]) < cleaning.first_dirty)
+    clean_batches = sum(1 for b in batches if b.base < cleaning.first_dirty)
     selected = 0
     if not clean_batches:
         cleaning.release_map()
 
-    def prepare(batch: Mapping[str, Any], record_batch: pa.RecordBatch) -> _Kept:
+    def prepare(batch: LiveBatch, record_batch: pa.RecordBatch) -> _Kept:
         nonlocal selected
         kept = _select(batch, record_batch, cleaning, config, now_ms)
         selected += 1
@@ -542,12 +541,12 @@ def _writing(partition: int, output: OutputWriter, result: JobResult) -> Callabl
     return consume
 
 
-def _select(batch: Mapping[str, Any], record_batch: pa.RecordBatch, cleaning: _Round, config: StoreConfig,
+def _select(batch: LiveBatch, record_batch: pa.RecordBatch, cleaning: _Round, config: StoreConfig,
             now_ms: int) -> _Kept:
     """The survivors of one batch in pass 2 (reads the map and the bitmap, changes neither)."""
     offsets = _offsets(batch)
     n = len(offsets)
-    horizon = batch.get("horizon")
+    horizon = batch.horizon_ms
     prefix_end, cleaned_end = (int(i) for i in np.searchsorted(offsets, [cleaning.first_dirty, cleaning.end]))
     if cleaned_end == 0:  # wholly beyond the round: kept as it is
         return _Kept([(record_batch, offsets, horizon)], n, n)
@@ -585,10 +584,10 @@ def _select(batch: Mapping[str, Any], record_batch: pa.RecordBatch, cleaning: _R
     return _Kept(pieces, n, kept + n - cleaned_end, tombstones_removed)
 
 
-def _copy(partition: int, batches: Sequence[Mapping[str, Any]], streams: _Streams, output: OutputWriter,
+def _copy(partition: int, batches: Sequence[LiveBatch], streams: _Streams, output: OutputWriter,
           result: JobResult) -> None:
-    def prepare(batch: Mapping[str, Any], record_batch: pa.RecordBatch) -> _Kept:
+    def prepare(batch: LiveBatch, record_batch: pa.RecordBatch) -> _Kept:
         n = record_batch.num_rows
-        return _Kept([(record_batch, _offsets(batch), batch.get("horizon"))], n, n)
+        return _Kept([(record_batch, _offsets(batch), batch.horizon_ms)], n, n)
 
     streams.process("B", batches, prepare, _writing(partition, output, result), ahead_bytes=PASS_TWO_AHEAD_BYTES)

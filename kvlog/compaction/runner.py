@@ -33,7 +33,7 @@ from kvlog.format.commit import BatchEntry, Commit, FileEntry
 from kvlog.log import Log
 from kvlog.log.naming import data_file_name
 from kvlog.memory import release_unused_memory
-from kvlog.meta import MetaReader
+from kvlog.meta import CleanerState, LiveBatch, MetaReader
 from kvlog.progress import progress
 from kvlog.storage.base import BytesLike
 
@@ -77,13 +77,13 @@ SPILL_DIR = "compaction-spill"
 STALE_SPILL_MS = 24 * 3600 * 1000
 
 
-def _map_bytes_for(plan: Plan, batches: dict[int, list[dict[str, Any]]], config: StoreConfig) -> int:
+def _map_bytes_for(plan: Plan, batches: dict[int, list[LiveBatch]], config: StoreConfig) -> int:
     """The offset map a job needs: ``offset_map_bytes``, or less when no partition's dirty range
     holds that many records (a pass maps at most one key per record)."""
     most = 0
     for partition, spec in plan.clean.items():
-        records = sum(int(b["n"]) for b in batches.get(partition, ())
-                      if int(b["last"]) >= spec.first_dirty and int(b["base"]) < spec.first_uncleanable)
+        records = sum(b.count for b in batches.get(partition, ())
+                      if b.last >= spec.first_dirty and b.base < spec.first_uncleanable)
         most = max(most, records)
     slots = math.ceil(max(most, 1) / config.offset_map_load_factor) + 1
     return min(config.offset_map_bytes, slots * SLOT_BYTES)
@@ -106,23 +106,20 @@ class Compactor:
         self._thread: threading.Thread | None = None
 
     # -- planning -----------------------------------------------------------------------------------
-    def _snapshot(self, r: MetaReader) -> tuple[list[FileInfo], dict[int, list[dict[str, Any]]], dict[int, int],
+    def _snapshot(self, r: MetaReader) -> tuple[list[FileInfo], dict[int, list[LiveBatch]], dict[int, int],
                                                 dict[int, int]]:
-        files = []
-        for file_id, entry in r.iter_files():
-            order = entry.get("order") or [entry["version"], 0]
-            files.append(FileInfo(file_id, int(entry["level"]), int(entry["size"]), (int(order[0]), int(order[1]))))
+        files = [FileInfo(file_id, entry.level, entry.size, entry.order) for file_id, entry in r.iter_files()]
         batches = {p: list(r.iter_batches(p, 0)) for p in range(self._log.partitions)}
-        checkpoints = {p: int(r.get_cleaner(p).get("checkpoint", 0)) for p in range(self._log.partitions)}
-        ends = {p: int(r.get_partition(p)["end"]) for p in range(self._log.partitions)}
+        checkpoints = {p: _checkpoint_of(r.get_cleaner(p)) for p in range(self._log.partitions)}
+        ends = {p: r.partition_end(p) for p in range(self._log.partitions)}
         return files, batches, checkpoints, ends
 
-    def plan(self, now_ms: int, *, force: bool = False) -> tuple[Plan | None, dict[int, list[dict[str, Any]]]]:
+    def plan(self, now_ms: int, *, force: bool = False) -> tuple[Plan | None, dict[int, list[LiveBatch]]]:
         """The next job at ``now_ms`` and the live batches it reads, per partition."""
         files, batches, checkpoints, ends = self._log.snapshot(self._snapshot)
         infos = [
-            BatchInfo(int(b["p"]), b["f"], int(b["base"]), int(b["last"]), int(b["bytes"]), int(b["ts"][0]),
-                      int(b["ts"][1]), b.get("horizon"))
+            BatchInfo(b.partition, b.file_id, b.base, b.last, b.data_bytes, b.min_timestamp,
+                      b.max_timestamp, b.horizon_ms)
             for items in batches.values() for b in items
         ]
         skip = [p for p, f in self.failures.items() if f["retry_at_ms"] > now_ms]
@@ -131,7 +128,7 @@ class Compactor:
         if plan is None:
             return None, {}
         inputs = set(plan.input_files)
-        chosen = {p: [b for b in items if b["f"] in inputs] for p, items in batches.items()}
+        chosen = {p: [b for b in items if b.file_id in inputs] for p, items in batches.items()}
         return plan, {p: items for p, items in chosen.items() if items}
 
     # -- running ------------------------------------------------------------------------------------
@@ -157,7 +154,7 @@ class Compactor:
             self.last_report = report
             return report
 
-    def _run(self, plan: Plan, batches: dict[int, list[dict[str, Any]]], now: int,
+    def _run(self, plan: Plan, batches: dict[int, list[LiveBatch]], now: int,
              report: CompactionReport, *, overlap: bool = True) -> CompactionReport:
         written: list[FileEntry] = []
 
@@ -201,7 +198,7 @@ class Compactor:
             release_unused_memory()  # the map and the last partition's buffers
         for p in batches:  # every partition the job read and wrote (merges and copies too)
             self.failures.pop(p, None)
-        cleaner = {str(p): {"checkpoint": end, "last_round_ms": now, "partial": end < plan.clean[p].first_uncleanable}
+        cleaner = {str(p): CleanerState(end, now, end < plan.clean[p].first_uncleanable).to_json()
                    for p, end in result.checkpoints.items()}
         commit_id = self._log.new_id()
 
@@ -213,14 +210,14 @@ class Compactor:
         report.kind = plan.kind
         report.files_in = len(plan.input_files)
         report.partitions = sorted(plan.clean)
-        if outcome["error"] is not None:
-            log.info("compaction job refused: %s", outcome["error"][1])
+        if outcome.refusal is not None:
+            log.info("compaction job refused: %s", outcome.refusal.message)
             self._discard(written)
             report.refused = True
             return report
         self.rounds += 1
         report.rounds = 1
-        report.version = int(outcome["version"])
+        report.version = outcome.version
         report.partial = result.partial
         report.records_read = result.records_read
         report.records_written = result.records_written
@@ -314,3 +311,8 @@ class Compactor:
             "last_report": self.last_report.to_dict() if self.last_report else None,
             "map_capacity": capacity_for(self._config.offset_map_bytes, self._config.offset_map_load_factor),
         }
+
+
+def _checkpoint_of(state: CleanerState | None) -> int:
+    """A partition's cleaner checkpoint (0 before its first round)."""
+    return 0 if state is None else state.checkpoint

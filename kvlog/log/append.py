@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pyarrow as pa
 
@@ -29,6 +29,7 @@ from kvlog.log.naming import data_file_name
 from kvlog.log.producers import check_batch
 from kvlog.log.records import AppendResult, ValidRecords
 from kvlog.log.replay import FileCollected
+from kvlog.meta import CommitOutcome, Refusal
 
 if TYPE_CHECKING:
     from kvlog.log.log import Log
@@ -65,10 +66,9 @@ def to_record_batch(valid: ValidRecords) -> pa.RecordBatch:
     return make_record_batch(valid.keys, valid.values, valid.timestamps)
 
 
-def raise_refusal(error: list[str] | tuple[str, str]) -> None:
+def raise_refusal(refusal: Refusal) -> NoReturn:
     """Raise the producer error a refused commit's outcome names."""
-    kind, message = error
-    raise _ERRORS.get(kind, ProducerError)(message)
+    raise _ERRORS.get(refusal.kind, ProducerError)(refusal.message)
 
 
 def write_data_file(the_log: Log, level: int, batches: Sequence[_FileBatch]) -> tuple[FileEntry, memoryview]:
@@ -147,7 +147,7 @@ def append_batches(
     position = {i: pos for pos, i in enumerate(order)}
     for _attempt in range(_COLLECTED_RETRIES):
         outcome = _append_file(the_log, fields, batches, position)
-        if outcome["error"] is None or outcome["error"][0] != FileCollected.__name__:
+        if outcome.refusal is None or outcome.refusal.kind != FileCollected.__name__:
             break
         # GC condemned the file while the commit was on its way (a writer slower than
         # file_delete_delay_ms): nothing of it became live; write it again under a new name.
@@ -157,19 +157,19 @@ def append_batches(
             f"garbage collection took this append's data file {_COLLECTED_RETRIES} times before "
             "its commit landed; nothing was written (raise file_delete_delay_ms)"
         )
-    if outcome["error"] is not None:
-        raise_refusal(outcome["error"])
-    by_position = {r[1]: r for r in outcome["results"]}
+    if outcome.refusal is not None:
+        raise_refusal(outcome.refusal)
+    by_position = {b.index: b for b in outcome.batches}
     results = []
     for i in range(len(batches)):
-        r = by_position[position[i]]
-        results.append(AppendResult(int(r[3]), int(r[4]), r[2] == "duplicate"))
+        b = by_position[position[i]]
+        results.append(AppendResult(b.base, b.last, b.duplicate))
     return results
 
 
 def _append_file(
     the_log: Log, fields: list[_FileBatch], batches: Sequence[PendingBatch], position: dict[int, int],
-) -> dict[str, Any]:
+) -> CommitOutcome:
     """Write one data file of ``fields`` and commit it; the commit's outcome."""
     entry, data = write_data_file(the_log, 0, fields)
     clock, delay_ms = the_log.clock, the_log.config.file_delete_delay_ms

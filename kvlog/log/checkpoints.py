@@ -20,7 +20,7 @@ from kvlog.format.commit import decode_commit
 from kvlog.format.envelope import decode_document, encode_document
 from kvlog.format.producer_state import producer_from_json, producer_to_json
 from kvlog.log.naming import LOG_PREFIX, checkpoint_name, commit_name, parse_log_name
-from kvlog.meta import MetaReader, MetaTxn
+from kvlog.meta import CleanerState, LiveBatch, LiveFile, MetaReader, MetaTxn
 from kvlog.storage import Storage
 
 if TYPE_CHECKING:
@@ -118,16 +118,16 @@ def _checkpoint_body(r: MetaReader) -> dict[str, Any]:
     files = dict(r.iter_files())
     batches = []
     for _fid, entry in files.items():
-        for p, last in entry["batches"]:
+        for p, last in entry.batches:
             b = r.find_batch(p, last)
             if b is not None:
-                batches.append(b)
-    parts = {str(p): info for p, info in r.iter_partitions()}
-    cleaner = {str(p): state for p, state in r.iter_cleaner()}
+                batches.append(b.to_json())
+    parts = {str(p): {"end": end} for p, end in r.iter_partitions()}
+    cleaner = {str(p): state.to_json() for p, state in r.iter_cleaner()}
     return {
         "version": r.version(),
         "last_commit_ms": r.last_commit_ms(),
-        "files": files,
+        "files": {fid: entry.to_json() for fid, entry in files.items()},
         "batches": batches,
         "parts": parts,
         "producers": [producer_to_json(s) for s in r.iter_producers()],
@@ -140,13 +140,13 @@ def _checkpoint_body(r: MetaReader) -> dict[str, Any]:
 def _load_checkpoint_body(meta: MetaTxn, name: str, body: dict[str, Any]) -> None:
     try:
         for fid, entry in body["files"].items():
-            meta.put_file(fid, entry)
+            meta.put_file(fid, LiveFile.from_json(entry))
         for b in body["batches"]:
-            meta.put_batch(int(b["p"]), int(b["last"]), b)
+            meta.put_batch(LiveBatch.from_json(b))
         for p, info in body["parts"].items():
-            meta.put_partition(int(p), info)
+            meta.put_partition_end(int(p), int(info["end"]))
         for p, state in body["cleaner"].items():
-            meta.put_cleaner(int(p), state)
+            meta.put_cleaner(int(p), CleanerState.from_json(state))
         for obj in body["producers"]:
             meta.put_producer(producer_from_json(obj))
         for path, due in body["pending"].items():
@@ -156,8 +156,8 @@ def _load_checkpoint_body(meta: MetaTxn, name: str, body: dict[str, Any]) -> Non
         meta.set_version(int(body["version"]))
         meta.set_last_commit_ms(int(body["last_commit_ms"]))
         meta.put_meta("checkpoint_version", str(int(body["version"])).encode())
-    except (KeyError, TypeError, ValueError) as e:
-        raise CorruptDataError(name, f"malformed checkpoint ({e})") from None
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise CorruptDataError(name, f"malformed checkpoint ({e!r})") from None
 
 
 def _checkpoint_commit(storage: Storage, version: int, body: dict[str, Any]) -> tuple[str, int] | None:

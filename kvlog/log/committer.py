@@ -37,7 +37,7 @@ from kvlog.index import runs_pending
 from kvlog.log.checkpoints import newest_checkpoint
 from kvlog.log.naming import commit_name
 from kvlog.log.replay import apply_commit, apply_stray
-from kvlog.meta import MetaTxn
+from kvlog.meta import CommitOutcome, MetaTxn
 
 if TYPE_CHECKING:
     from kvlog.log.log import Log
@@ -161,12 +161,13 @@ class Committer:
             "copy?): reopen the store to rebuild its cache",
         )
 
-    def outcome(self, commit_id: str) -> dict[str, Any] | None:
+    def outcome(self, commit_id: str) -> CommitOutcome | None:
         """What applying commit ``commit_id`` decided, if it was applied here recently."""
-        return self._log.snapshot(lambda r: r.get_outcome(commit_id))  # type: ignore[no-any-return]
+        found: CommitOutcome | None = self._log.snapshot(lambda r: r.get_outcome(commit_id))
+        return found
 
     # -- committing -------------------------------------------------------------------------------
-    def commit(self, build: Callable[[int], Commit], own: OwnBatches | None = None) -> dict[str, Any]:
+    def commit(self, build: Callable[[int], Commit], own: OwnBatches | None = None) -> CommitOutcome:
         """Write the commit ``build(version)`` at the next free version and return its outcome.
 
         ``build`` is called again for each attempt (it may re-validate, raising to abort) and must

@@ -40,7 +40,7 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
     the_log.verify_head(version)
     deleted = {"replaced": 0, "orphans": 0, "commits": 0}
     pending = dict(the_log.snapshot(lambda r: list(r.iter_pending())))
-    live_paths = set(the_log.snapshot(lambda r: [e["path"] for _fid, e in r.iter_files()]))
+    live_paths = set(the_log.snapshot(lambda r: [e.path for _fid, e in r.iter_files()]))
     for path, due in pending.items():
         if due <= now:
             storage.delete(path)
@@ -93,7 +93,6 @@ def _collect_orphans(the_log: Log, paths: list[str]) -> int:
         return Commit(version, commit_id, the_log.clock.now_ms(), "gc", remove=tuple(paths))
 
     outcome = the_log.commit(build)
-    doomed = [path for path, verdict in outcome["results"] if verdict == "condemned"]
-    for path in doomed:
+    for path in outcome.condemned:
         the_log.storage.delete(path)
-    return len(doomed)
+    return len(outcome.condemned)

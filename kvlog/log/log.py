@@ -42,7 +42,7 @@ from kvlog.log.producer_handle import Producer
 from kvlog.log.reader import BatchCache, records_of_batch
 from kvlog.log.records import AppendResult, Record, partition_for_key
 from kvlog.log.replay import ApplySettings
-from kvlog.meta import LmdbEnv, MetaReader, release_env
+from kvlog.meta import CommitOutcome, LiveBatch, LmdbEnv, MetaReader, release_env
 from kvlog.progress import progress
 from kvlog.storage import Storage
 
@@ -135,15 +135,15 @@ class Log:
 
         def first(r: MetaReader) -> int:
             for batch in r.iter_batches(partition, 0):
-                return int(batch["base"])
-            return int(r.get_partition(partition)["end"])
+                return batch.base
+            return r.partition_end(partition)
 
         return int(self.snapshot(first))
 
     def end_offset(self, partition: int) -> int:
         """The next offset ``partition`` will assign."""
         self.check_partition(partition)
-        return int(self.snapshot(lambda r: r.get_partition(partition)["end"]))
+        return int(self.snapshot(lambda r: r.partition_end(partition)))
 
     # -- reading ----------------------------------------------------------------------------------
     def read(self, partition: int, from_offset: int = 0, to_offset: int | None = None) -> Iterator[Record]:
@@ -158,7 +158,7 @@ class Log:
         cursor = from_offset
         while True:
             # Short snapshots of at most 256 batches, so no reader slot is held for long.
-            def chunk(r: MetaReader, start: int = cursor) -> list[dict[str, Any]]:
+            def chunk(r: MetaReader, start: int = cursor) -> list[LiveBatch]:
                 out = []
                 for batch in r.iter_batches(partition, start):
                     out.append(batch)
@@ -170,13 +170,13 @@ class Log:
             if not batches:
                 return
             for batch in batches:
-                if to_offset is not None and batch["base"] >= to_offset:
+                if to_offset is not None and batch.base >= to_offset:
                     return
                 yield from records_of_batch(batch, partition, self.batch_cache.get(batch), cursor, to_offset)
-                cursor = int(batch["last"]) + 1
+                cursor = batch.last + 1
 
-    def read_batch(self, batch: dict[str, Any]) -> pa.RecordBatch:
-        """The records of a resolved batch (through the bounded cache)."""
+    def read_batch(self, batch: LiveBatch) -> pa.RecordBatch:
+        """The records of a live batch (through the bounded cache)."""
         return self.batch_cache.get(batch)
 
     # -- committing and replay: kvlog.log.committer ------------------------------------------------
@@ -190,12 +190,12 @@ class Log:
                 self._committer.index_stale = False
             return version
 
-    def commit(self, build: Callable[[int], Commit], own: OwnBatches | None = None) -> dict[str, Any]:
+    def commit(self, build: Callable[[int], Commit], own: OwnBatches | None = None) -> CommitOutcome:
         """Write the commit ``build(version)`` at the next free version and return its outcome
         (see :meth:`kvlog.log.committer.Committer.commit`)."""
         return self._committer.commit(build, own)
 
-    def outcome(self, commit_id: str) -> dict[str, Any] | None:
+    def outcome(self, commit_id: str) -> CommitOutcome | None:
         """What applying commit ``commit_id`` decided, if it was applied here recently."""
         return self._committer.outcome(commit_id)
 
@@ -260,16 +260,16 @@ class Log:
 
     def rebuild_index(self) -> None:
         """Rebuild the key index by reading every live batch in offset order."""
-        def every_batch(r: MetaReader) -> list[dict[str, Any]]:
+        def every_batch(r: MetaReader) -> list[LiveBatch]:
             return [b for p in range(self.partitions) for b in r.iter_batches(p, 0)]
 
         def chunks() -> Iterator[RebuildChunk]:
-            batches: list[dict[str, Any]] = self.snapshot(every_batch)  # once the index is emptied
+            batches: list[LiveBatch] = self.snapshot(every_batch)  # once the index is emptied
             with progress("rebuilding the key index", len(batches)) as bar:
                 for start in range(0, len(batches), 64):
                     chunk = [(b, self.batch_cache.get(b)) for b in batches[start:start + 64]]
-                    yield [(batch["p"], batch["base"], records,
-                            [r.offset for r in records_of_batch(batch, batch["p"], records)])
+                    yield [(batch.partition, batch.base, records,
+                            [r.offset for r in records_of_batch(batch, batch.partition, records)])
                            for batch, records in chunk]
                     bar.advance(len(chunk))
 

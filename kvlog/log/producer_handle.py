@@ -102,5 +102,5 @@ def register_producer(the_log: Log, producer_id: int, epoch: int) -> None:
     outcome = the_log.commit(
         lambda v: Commit(v, commit_id, clock.now_ms(), "producer", producer_id=producer_id, epoch=epoch)
     )
-    if outcome["error"] is not None:
-        raise_refusal(outcome["error"])
+    if outcome.refusal is not None:
+        raise_refusal(outcome.refusal)

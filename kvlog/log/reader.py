@@ -11,18 +11,12 @@ import pyarrow as pa
 
 from kvlog.errors import CorruptDataError
 from kvlog.format.bitmap import decode_offsets
-from kvlog.format.datafile import BatchLocation, decode_batch
+from kvlog.format.datafile import decode_batch
 from kvlog.log.records import Record
+from kvlog.meta.records import LiveBatch
 from kvlog.storage.base import Storage
 
-__all__ = ["BatchCache", "location_of", "records_of_batch"]
-
-
-def location_of(batch: dict[str, Any]) -> BatchLocation:
-    """The :class:`BatchLocation` of a resolved batch of the metadata cache."""
-    return BatchLocation(
-        batch["pos"], batch["len"], batch["crc"], batch["n"], batch["bytes"], batch["ts"][0], batch["ts"][1]
-    )
+__all__ = ["BatchCache", "records_of_batch"]
 
 
 class BatchCache:
@@ -37,9 +31,9 @@ class BatchCache:
         self.hits = 0
         self.misses = 0
 
-    def get(self, batch: dict[str, Any]) -> pa.RecordBatch:
-        """The record batch stored for ``batch`` (a resolved batch of the metadata cache)."""
-        key = (batch["path"], batch["pos"])
+    def get(self, batch: LiveBatch) -> pa.RecordBatch:
+        """The record batch stored for ``batch`` (a live batch of the catalog)."""
+        key = (batch.path, batch.position)
         with self._lock:
             cached = self._items.get(key)
             if cached is not None:
@@ -47,12 +41,12 @@ class BatchCache:
                 self.hits += 1
                 return cached
             self.misses += 1
-        location = location_of(batch)
+        location = batch.location
         try:
-            data = self._storage.read_range(batch["path"], location.position, location.length)
+            data = self._storage.read_range(batch.path, location.position, location.length)
         except FileNotFoundError:
-            raise CorruptDataError(batch["path"], "data file is missing") from None
-        record_batch = decode_batch(batch["path"], data, location)
+            raise CorruptDataError(batch.path, "data file is missing") from None
+        record_batch = decode_batch(batch.path, data, location)
         self.put(key, record_batch)
         return record_batch
 
@@ -81,21 +75,21 @@ class BatchCache:
 
 
 def records_of_batch(
-    batch: dict[str, Any], partition: int, record_batch: pa.RecordBatch,
+    batch: LiveBatch, partition: int, record_batch: pa.RecordBatch,
     from_offset: int = 0, to_offset: int | None = None,
 ) -> Iterator[Record]:
-    """The live records of a resolved batch in offset order, within ``[from_offset, to_offset)``."""
-    base = int(batch["base"])
+    """The live records of a live batch in offset order, within ``[from_offset, to_offset)``."""
+    base = batch.base
     keys = record_batch.column(0).to_pylist()
     values = record_batch.column(1).to_pylist()
     stamps = record_batch.column(2).to_pylist()
-    present = batch.get("present")
+    present = batch.present
     if present is None:
         offsets: Any = range(base, base + len(keys))
     else:
-        bitmap = decode_offsets(batch["path"], present)
+        bitmap = decode_offsets(batch.path, present)
         if len(bitmap) != len(keys):
-            raise CorruptDataError(batch["path"], "offset bitmap and batch disagree on the record count")
+            raise CorruptDataError(batch.path, "offset bitmap and batch disagree on the record count")
         offsets = (base + rel for rel in bitmap)
     for i, offset in enumerate(offsets):
         if offset < from_offset:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 
@@ -41,6 +40,14 @@ from kvlog.log.producers import (
     register_epoch,
 )
 from kvlog.meta.cache import MetaTxn
+from kvlog.meta.records import (
+    BatchOutcome,
+    CleanerState,
+    CommitOutcome,
+    LiveBatch,
+    LiveFile,
+    Refusal,
+)
 
 __all__ = ["ApplySettings", "FileCollected", "apply_commit", "apply_stray", "resolved_batch"]
 
@@ -61,45 +68,39 @@ class ApplySettings:
     """Index runs pending before they are merged (0: write the index itself)."""
 
 
-def resolved_batch(file: FileEntry, batch: BatchEntry, base: int, last: int) -> dict[str, Any]:
+def resolved_batch(file: FileEntry, batch: BatchEntry, base: int, last: int) -> LiveBatch:
     """The batch-directory value of a live batch."""
     loc = batch.location
-    out: dict[str, Any] = {
-        "f": file.file_id, "path": file.path, "level": file.level, "p": batch.partition,
-        "pos": loc.position, "len": loc.length, "crc": loc.crc, "n": loc.count,
-        "bytes": loc.data_bytes, "ts": [loc.min_timestamp, loc.max_timestamp],
-        "base": base, "last": last,
-    }
-    if batch.present is not None:
-        out["present"] = batch.present
-    if batch.tombstone_horizon_ms is not None:
-        out["horizon"] = batch.tombstone_horizon_ms
-    return out
+    return LiveBatch(
+        file.file_id, file.path, file.level, batch.partition, loc.position, loc.length, loc.crc,
+        loc.count, loc.data_bytes, loc.min_timestamp, loc.max_timestamp, base, last,
+        batch.present, batch.tombstone_horizon_ms,
+    )
 
 
 def apply_commit(
     txn: MetaTxn, commit: Commit, source: BatchSource, settings: ApplySettings
-) -> dict[str, Any]:
+) -> CommitOutcome:
     """Apply ``commit`` (the next version) and return its outcome, which is also stored."""
     now = max(txn.last_commit_ms(), commit.timestamp_ms)
     try:
         if commit.kind == "append":
             _check_not_collected(txn, commit)
-            results = _apply_append(txn, commit, source, settings, now)
+            outcome = CommitOutcome(commit.version, batches=_apply_append(txn, commit, source, settings, now))
         elif commit.kind == "replace":
             _check_not_collected(txn, commit)
-            results = _apply_replace(txn, commit, settings, now)
+            outcome = CommitOutcome(commit.version, batches=_apply_replace(txn, commit, settings, now))
         elif commit.kind == "gc":
-            results = _apply_gc(txn, commit, now)
+            condemned, kept = _apply_gc(txn, commit, now)
+            outcome = CommitOutcome(commit.version, condemned=condemned, kept=kept)
         else:
             _apply_producer(txn, commit, settings, now)
-            results = []
-        outcome: dict[str, Any] = {"version": commit.version, "error": None, "results": results}
+            outcome = CommitOutcome(commit.version)
     except (ProducerError, _Refused) as e:
         # Only the rules refuse a commit. A corrupt or unreadable data file (CorruptDataError,
         # StorageError) propagates and aborts the transaction: recording it as refused would drop
         # a committed append for this reader only, and its offsets would differ from everyone's.
-        outcome = {"version": commit.version, "error": [type(e).__name__, str(e)], "results": []}
+        outcome = CommitOutcome(commit.version, Refusal(type(e).__name__, str(e)))
     txn.set_version(commit.version)
     txn.set_last_commit_ms(now)
     txn.put_outcome(commit.commit_id, outcome)
@@ -122,29 +123,29 @@ def _check_not_collected(txn: MetaTxn, commit: Commit) -> None:
             )
 
 
-def _apply_gc(txn: MetaTxn, commit: Commit, now: int) -> list[list[Any]]:
-    """Condemn the orphans a ``gc`` commit names; a file that is live or pending is left alone."""
-    live_paths = {entry["path"] for _fid, entry in txn.iter_files()}
+def _apply_gc(txn: MetaTxn, commit: Commit, now: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Condemn the orphans a ``gc`` commit names; a file that is live or pending is left alone.
+    Returns the paths condemned and the paths kept."""
+    live_paths = {entry.path for _fid, entry in txn.iter_files()}
     pending = {path for path, _due in txn.iter_pending()}
-    results: list[list[Any]] = []
+    condemned: list[str] = []
+    kept: list[str] = []
     for path in commit.remove:
         if path in live_paths or path in pending:
-            results.append([path, "kept"])
+            kept.append(path)
             continue
         txn.put_condemned(path, now)
-        results.append([path, "condemned"])
-    return results
+        condemned.append(path)
+    return tuple(condemned), tuple(kept)
 
 
-def apply_stray(txn: MetaTxn, commit: Commit) -> dict[str, Any]:
+def apply_stray(txn: MetaTxn, commit: Commit) -> CommitOutcome:
     """Apply ``commit`` as refused: it names another predecessor (``prev``) than the commit at
     the version before, so it was written after a gap, by a writer whose cache was ahead of a
     restored root; it changes nothing but takes its version, as for every reader of this log."""
     now = max(txn.last_commit_ms(), commit.timestamp_ms)
-    outcome: dict[str, Any] = {
-        "version": commit.version, "results": [],
-        "error": ["NotInHistory", f"commit {commit.commit_id} does not follow commit {commit.version - 1}"],
-    }
+    outcome = CommitOutcome(commit.version, Refusal(
+        "NotInHistory", f"commit {commit.commit_id} does not follow commit {commit.version - 1}"))
     txn.set_version(commit.version)
     txn.set_last_commit_ms(now)
     txn.put_outcome(commit.commit_id, outcome)
@@ -153,7 +154,7 @@ def apply_stray(txn: MetaTxn, commit: Commit) -> dict[str, Any]:
 
 def _apply_append(
     txn: MetaTxn, commit: Commit, source: BatchSource, settings: ApplySettings, now: int
-) -> list[list[Any]]:
+) -> tuple[BatchOutcome, ...]:
     exp = settings.producer_id_expiration_ms
     producers: dict[int, ProducerState | None] = {}
     ends: dict[int, int] = {}
@@ -163,7 +164,7 @@ def _apply_append(
         for i, batch in enumerate(file.batches):
             p = batch.partition
             if p not in ends:
-                ends[p] = int(txn.get_partition(p)["end"])
+                ends[p] = txn.partition_end(p)
             count = batch.location.count
             pid = batch.producer_id
             if pid is None:
@@ -187,37 +188,36 @@ def _apply_append(
                 assert dup is not None
                 plan.append((file, i, batch, dup.first_offset, dup.last_offset, False))
     # Then write.
-    results: list[list[Any]] = []
-    live_batches: dict[str, list[list[int]]] = {}
+    results: list[BatchOutcome] = []
+    live_batches: dict[str, list[tuple[int, int]]] = {}
     to_index: list[tuple[int, int, pa.RecordBatch]] = []
     for file, i, batch, base, last, accepted in plan:
-        results.append([file.file_id, i, "ok" if accepted else "duplicate", base, last])
+        results.append(BatchOutcome(file.file_id, i, not accepted, base, last))
         if not accepted:
             continue
-        txn.put_batch(batch.partition, last, resolved_batch(file, batch, base, last))
-        live_batches.setdefault(file.file_id, []).append([batch.partition, last])
+        txn.put_batch(resolved_batch(file, batch, base, last))
+        live_batches.setdefault(file.file_id, []).append((batch.partition, last))
         if settings.maintain_index:
             to_index.append((batch.partition, base, source(file, i)))
     index_batches(txn, to_index, settings.inline_value_bytes, settings.index_run_limit)
     for file in commit.add:
         if file.file_id in live_batches:
-            txn.put_file(file.file_id, _file_value(file, live_batches[file.file_id], commit.version,
-                                                   [commit.version, 0]))
+            txn.put_file(file.file_id, _live_file(file, live_batches[file.file_id], commit.version,
+                                                  (commit.version, 0)))
     for p, end in ends.items():
-        txn.put_partition(p, {"end": end})
+        txn.put_partition_end(p, end)
     for state in producers.values():
         if state is not None:
             txn.put_producer(state)
-    return results
+    return tuple(results)
 
 
-def _file_value(file: FileEntry, batches: list[list[int]], version: int, order: list[int]) -> dict[str, Any]:
+def _live_file(file: FileEntry, batches: list[tuple[int, int]], version: int, order: tuple[int, int]) -> LiveFile:
     """The ``files`` value; ``order`` is its place in commit order (replace outputs take their inputs')."""
-    return {"path": file.path, "level": file.level, "size": file.size, "crc": file.crc,
-            "batches": batches, "version": version, "order": order}
+    return LiveFile(file.path, file.level, file.size, file.crc, tuple(batches), version, order)
 
 
-def _apply_replace(txn: MetaTxn, commit: Commit, settings: ApplySettings, now: int) -> list[list[Any]]:
+def _apply_replace(txn: MetaTxn, commit: Commit, settings: ApplySettings, now: int) -> tuple[BatchOutcome, ...]:
     inputs = []
     for file_id in commit.remove:
         entry = txn.get_file(file_id)
@@ -226,41 +226,39 @@ def _apply_replace(txn: MetaTxn, commit: Commit, settings: ApplySettings, now: i
         inputs.append((file_id, entry))
     removed: set[tuple[int, int]] = set()
     for _file_id, entry in inputs:
-        for p, last in entry["batches"]:
-            removed.add((p, last))
+        removed.update(entry.batches)
     # replace-ranges-disjoint: outputs may not overlap batches that stay live.
     for file in commit.add:
         for batch in file.batches:
             if batch.base_offset is None or batch.last_offset is None:
                 raise _Refused("replace output batches carry explicit offsets")
             for other in txn.iter_batches(batch.partition, batch.base_offset):
-                if other["base"] > batch.last_offset:
+                if other.base > batch.last_offset:
                     break
-                if (batch.partition, other["last"]) not in removed:
+                if (batch.partition, other.last) not in removed:
                     raise _Refused(
                         f"replace-ranges-disjoint: partition {batch.partition} offsets "
                         f"{batch.base_offset}..{batch.last_offset} overlap a live batch"
                     )
-    first_order = min((int(e.get("order", [e["version"]])[0]) for _f, e in inputs), default=commit.version)
+    first_order = min((e.order[0] for _f, e in inputs), default=commit.version)
     for file_id, entry in inputs:
-        for p, last in entry["batches"]:
+        for p, last in entry.batches:
             txn.delete_batch(p, last)
         txn.delete_file(file_id)
-        txn.put_pending(entry["path"], now + settings.file_delete_delay_ms)
-    results: list[list[Any]] = []
+        txn.put_pending(entry.path, now + settings.file_delete_delay_ms)
+    results: list[BatchOutcome] = []
     for position, file in enumerate(commit.add):
         batches = []
         for i, batch in enumerate(file.batches):
             assert batch.base_offset is not None and batch.last_offset is not None
-            txn.put_batch(batch.partition, batch.last_offset,
-                          resolved_batch(file, batch, batch.base_offset, batch.last_offset))
-            batches.append([batch.partition, batch.last_offset])
-            results.append([file.file_id, i, "ok", batch.base_offset, batch.last_offset])
+            txn.put_batch(resolved_batch(file, batch, batch.base_offset, batch.last_offset))
+            batches.append((batch.partition, batch.last_offset))
+            results.append(BatchOutcome(file.file_id, i, False, batch.base_offset, batch.last_offset))
         if batches:
-            txn.put_file(file.file_id, _file_value(file, batches, commit.version, [first_order, position]))
+            txn.put_file(file.file_id, _live_file(file, batches, commit.version, (first_order, position)))
     for p, state in (commit.info.get("cleaner") or {}).items():
-        txn.put_cleaner(int(p), state)
-    return results
+        txn.put_cleaner(int(p), CleanerState.from_json(state))
+    return tuple(results)
 
 
 def _apply_producer(txn: MetaTxn, commit: Commit, settings: ApplySettings, now: int) -> None:

@@ -3,5 +3,16 @@ the only package that imports lmdb but for :mod:`kvlog.index`, which keeps its k
 
 from kvlog.meta.cache import MetaReader, MetaTxn
 from kvlog.meta.env import DB_NAMES, LmdbEnv, acquire_env, release_env, reset_env
+from kvlog.meta.records import (
+    BatchOutcome,
+    CleanerState,
+    CommitOutcome,
+    LiveBatch,
+    LiveFile,
+    Refusal,
+)
 
-__all__ = ["DB_NAMES", "LmdbEnv", "MetaReader", "MetaTxn", "acquire_env", "release_env", "reset_env"]
+__all__ = [
+    "DB_NAMES", "BatchOutcome", "CleanerState", "CommitOutcome", "LiveBatch", "LiveFile", "LmdbEnv",
+    "MetaReader", "MetaTxn", "Refusal", "acquire_env", "release_env", "reset_env",
+]

@@ -36,11 +36,13 @@ import lmdb
 
 from kvlog.format.producer_state import ProducerState, producer_from_json, producer_to_json
 from kvlog.meta.env import CACHE_LAYOUT, LMDB_ERROR, CacheDamage, LmdbEnv, seal, unseal
+from kvlog.meta.records import CleanerState, CommitOutcome, LiveBatch, LiveFile
 
 __all__ = ["LMDB_ERROR", "MetaTxn", "MetaReader", "guard_methods"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 _BATCH_KEY = struct.Struct(">HQ")
 _PART_KEY = struct.Struct(">H")
@@ -60,6 +62,20 @@ def _dumps(obj: Any) -> bytes:
 def _json_in(key: bytes | memoryview, value: bytes | memoryview) -> Any:
     """The JSON object sealed under ``key`` (``CacheDamage`` if the value fails its checks)."""
     return _loads(unseal(key, value))
+
+
+def _decoded(decode: Callable[[Any], T], key: bytes | memoryview, value: bytes | memoryview) -> T:
+    """The typed value sealed under ``key`` (``CacheDamage`` if it fails its checks or its shape)."""
+    obj = _json_in(key, value)
+    try:
+        return decode(obj)
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise CacheDamage("a metadata value has the wrong shape", index_only=False) from None
+
+
+def _end_of(obj: Any) -> int:
+    """A partition's end offset from its ``parts`` value."""
+    return int(obj["end"])
 
 
 def _json_out(key: bytes, obj: Any) -> bytes:
@@ -147,24 +163,24 @@ class MetaReader:
         return 0 if value is None else int(_U64.unpack(value)[0])
 
     # -- partitions ---------------------------------------------------------------------------
-    def get_partition(self, partition: int) -> dict[str, Any]:
-        """``{"start": int, "end": int}``; a new partition starts empty at 0."""
+    def partition_end(self, partition: int) -> int:
+        """The next offset ``partition`` will assign (0 for a partition that never had a batch)."""
         key = _PART_KEY.pack(partition)
         value = self.txn.get(key, db=self._db["parts"])
-        return {"start": 0, "end": 0} if value is None else dict(_json_in(key, value))
+        return 0 if value is None else _decoded(_end_of, key, value)
 
     # -- files and batches --------------------------------------------------------------------
-    def get_file(self, file_id: str) -> dict[str, Any] | None:
+    def get_file(self, file_id: str) -> LiveFile | None:
         key = file_id.encode()
         value = self.txn.get(key, db=self._db["files"])
-        return None if value is None else dict(_json_in(key, value))
+        return None if value is None else _decoded(LiveFile.from_json, key, value)
 
-    def iter_files(self) -> Iterator[tuple[str, dict[str, Any]]]:
+    def iter_files(self) -> Iterator[tuple[str, LiveFile]]:
         with self.txn.cursor(db=self._db["files"]) as cur:
             for k, v in cur:
-                yield bytes(k).decode(), _json_in(k, v)
+                yield bytes(k).decode(), _decoded(LiveFile.from_json, k, v)
 
-    def find_batch(self, partition: int, offset: int) -> dict[str, Any] | None:
+    def find_batch(self, partition: int, offset: int) -> LiveBatch | None:
         """The live batch of ``partition`` whose offset range holds ``offset``, if any."""
         with self.txn.cursor(db=self._db["batches"]) as cur:
             if not cur.set_range(_BATCH_KEY.pack(partition, offset)):
@@ -172,10 +188,10 @@ class MetaReader:
             p, _last = _BATCH_KEY.unpack(cur.key())
             if p != partition:
                 return None
-            batch: dict[str, Any] = _json_in(cur.key(), cur.value())
-            return batch if batch["base"] <= offset else None
+            batch = _decoded(LiveBatch.from_json, cur.key(), cur.value())
+            return batch if batch.base <= offset else None
 
-    def iter_batches(self, partition: int, from_offset: int = 0) -> Iterator[dict[str, Any]]:
+    def iter_batches(self, partition: int, from_offset: int = 0) -> Iterator[LiveBatch]:
         """Live batches of ``partition`` in offset order, from the one holding ``from_offset``."""
         with self.txn.cursor(db=self._db["batches"]) as cur:
             if not cur.set_range(_BATCH_KEY.pack(partition, from_offset)):
@@ -184,7 +200,7 @@ class MetaReader:
                 p, _last = _BATCH_KEY.unpack(k)
                 if p != partition:
                     return
-                yield _json_in(k, v)
+                yield _decoded(LiveBatch.from_json, k, v)
 
     def count_batches(self) -> int:
         return int(self.txn.stat(self._db["batches"])["entries"])
@@ -193,39 +209,40 @@ class MetaReader:
     def get_producer(self, producer_id: int) -> ProducerState | None:
         key = _PID_KEY.pack(producer_id)
         value = self.txn.get(key, db=self._db["producers"])
-        return None if value is None else producer_from_json(_json_in(key, value))
+        return None if value is None else _decoded(producer_from_json, key, value)
 
     def iter_producers(self) -> Iterator[ProducerState]:
         with self.txn.cursor(db=self._db["producers"]) as cur:
             for k, v in cur:
-                yield producer_from_json(_json_in(k, v))
+                yield _decoded(producer_from_json, k, v)
 
-    def get_outcome(self, commit_id: str) -> dict[str, Any] | None:
+    def get_outcome(self, commit_id: str) -> CommitOutcome | None:
         key = commit_id.encode()
         value = self.txn.get(key, db=self._db["outcomes"])
-        return None if value is None else dict(_json_in(key, value))
+        return None if value is None else _decoded(CommitOutcome.from_json, key, value)
 
     def iter_pending(self) -> Iterator[tuple[str, int]]:
         with self.txn.cursor(db=self._db["pending"]) as cur:
             for k, v in cur:
                 yield bytes(k).decode(), int(_U64.unpack(v)[0])
 
-    def iter_partitions(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        """Every partition that has had a batch, with its offsets info."""
+    def iter_partitions(self) -> Iterator[tuple[int, int]]:
+        """Every partition that has had a batch, with its end offset."""
         with self.txn.cursor(db=self._db["parts"]) as cur:
             for k, v in cur:
-                yield _PART_KEY.unpack(k)[0], _json_in(k, v)
+                yield _PART_KEY.unpack(k)[0], _decoded(_end_of, k, v)
 
-    def iter_cleaner(self) -> Iterator[tuple[int, dict[str, Any]]]:
+    def iter_cleaner(self) -> Iterator[tuple[int, CleanerState]]:
         """Every partition's cleaner state."""
         with self.txn.cursor(db=self._db["cleaner"]) as cur:
             for k, v in cur:
-                yield _PART_KEY.unpack(k)[0], _json_in(k, v)
+                yield _PART_KEY.unpack(k)[0], _decoded(CleanerState.from_json, k, v)
 
-    def get_cleaner(self, partition: int) -> dict[str, Any]:
+    def get_cleaner(self, partition: int) -> CleanerState | None:
+        """The partition's cleaner state; None before its first cleaning round."""
         key = _PART_KEY.pack(partition)
         value = self.txn.get(key, db=self._db["cleaner"])
-        return {} if value is None else dict(_json_in(key, value))
+        return None if value is None else _decoded(CleanerState.from_json, key, value)
 
     # -- condemned orphans and the applied commit ----------------------------------------------
     def is_condemned(self, path: str) -> bool:
@@ -259,20 +276,20 @@ class MetaTxn(MetaReader):
     def set_last_commit_ms(self, ms: int) -> None:
         self.put_meta("last_commit_ms", _U64.pack(max(ms, 0)))
 
-    def put_partition(self, partition: int, info: dict[str, Any]) -> None:
+    def put_partition_end(self, partition: int, end: int) -> None:
         key = _PART_KEY.pack(partition)
-        self.txn.put(key, _json_out(key, info), db=self._db["parts"])
+        self.txn.put(key, _json_out(key, {"end": end}), db=self._db["parts"])
 
-    def put_file(self, file_id: str, entry: dict[str, Any]) -> None:
+    def put_file(self, file_id: str, entry: LiveFile) -> None:
         key = file_id.encode()
-        self.txn.put(key, _json_out(key, entry), db=self._db["files"])
+        self.txn.put(key, _json_out(key, entry.to_json()), db=self._db["files"])
 
     def delete_file(self, file_id: str) -> None:
         self.txn.delete(file_id.encode(), db=self._db["files"])
 
-    def put_batch(self, partition: int, last_offset: int, batch: dict[str, Any]) -> None:
-        key = _BATCH_KEY.pack(partition, last_offset)
-        self.txn.put(key, _json_out(key, batch), db=self._db["batches"])
+    def put_batch(self, batch: LiveBatch) -> None:
+        key = _BATCH_KEY.pack(batch.partition, batch.last)
+        self.txn.put(key, _json_out(key, batch.to_json()), db=self._db["batches"])
 
     def delete_batch(self, partition: int, last_offset: int) -> None:
         self.txn.delete(_BATCH_KEY.pack(partition, last_offset), db=self._db["batches"])
@@ -284,9 +301,9 @@ class MetaTxn(MetaReader):
     def delete_producer(self, producer_id: int) -> None:
         self.txn.delete(_PID_KEY.pack(producer_id), db=self._db["producers"])
 
-    def put_outcome(self, commit_id: str, outcome: dict[str, Any]) -> None:
+    def put_outcome(self, commit_id: str, outcome: CommitOutcome) -> None:
         key = commit_id.encode()
-        self.txn.put(key, _json_out(key, outcome), db=self._db["outcomes"])
+        self.txn.put(key, _json_out(key, outcome.to_json()), db=self._db["outcomes"])
 
     def prune_outcomes(self, below_version: int) -> None:
         """Forget outcomes of commits older than ``below_version``."""
@@ -301,9 +318,9 @@ class MetaTxn(MetaReader):
     def delete_pending(self, path: str) -> None:
         self.txn.delete(path.encode(), db=self._db["pending"])
 
-    def put_cleaner(self, partition: int, state: dict[str, Any]) -> None:
+    def put_cleaner(self, partition: int, state: CleanerState) -> None:
         key = _PART_KEY.pack(partition)
-        self.txn.put(key, _json_out(key, state), db=self._db["cleaner"])
+        self.txn.put(key, _json_out(key, state.to_json()), db=self._db["cleaner"])
 
     def put_condemned(self, path: str, at_ms: int) -> None:
         self.txn.put(path.encode(), _U64.pack(max(at_ms, 0)), db=self._db["condemned"])

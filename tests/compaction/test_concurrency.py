@@ -128,7 +128,7 @@ def data_files(root: Path) -> set[str]:
 
 
 def live_files(store: kvlog.Store) -> set[str]:
-    return set(store.log.snapshot(lambda r: [e["path"] for _f, e in r.iter_files()]))
+    return set(store.log.snapshot(lambda r: [e.path for _f, e in r.iter_files()]))
 
 
 def test_a_compactor_that_lost_the_race_is_refused_cleanly(
@@ -253,7 +253,7 @@ def test_two_compactor_objects_over_two_log_handles(tmp_path: Path, clock: Manua
         for p in range(2):
             latest = {k: (o, v) for o, k, v in before[p]}
             assert [(o, k, v) for k, (o, v) in sorted(latest.items(), key=lambda kv: kv[1][0])] == after[2 * p]
-        live = set(logs[0].snapshot(lambda r: [e["path"] for _f, e in r.iter_files()]))
+        live = set(logs[0].snapshot(lambda r: [e.path for _f, e in r.iter_files()]))
         pending = set(logs[0].snapshot(lambda r: [path for path, _d in r.iter_pending()]))
         assert data_files(root) == live | pending  # the loser deleted its outputs
     finally:

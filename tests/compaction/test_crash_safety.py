@@ -121,7 +121,7 @@ def data_files(path: Path) -> set[str]:
 
 
 def live_files(store: kvlog.Store) -> set[str]:
-    return set(store.log.snapshot(lambda r: [e["path"] for _f, e in r.iter_files()]))
+    return set(store.log.snapshot(lambda r: [e.path for _f, e in r.iter_files()]))
 
 
 def age_data_files(path: Path) -> None:

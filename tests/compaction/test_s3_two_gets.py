@@ -41,7 +41,7 @@ def test_a_job_costs_two_gets_per_input_file(
                 model[key] = value
             store.flush()
         per_file = store.log.snapshot(
-            lambda r: {fid: {p for p, _last in e["batches"]} for fid, e in r.iter_files()})
+            lambda r: {fid: {p for p, _last in e.batches} for fid, e in r.iter_files()})
         assert len(per_file) == files
         assert all(len(parts) >= 3 for parts in per_file.values()), per_file  # several partitions each
 

@@ -23,7 +23,7 @@ def batches_of(store: kvlog.Store, partition: int = 0) -> list[dict[str, Any]]:
 
 
 def horizons(store: kvlog.Store, partition: int = 0) -> list[int]:
-    return [b["horizon"] for b in batches_of(store, partition) if b.get("horizon") is not None]
+    return [b.horizon_ms for b in batches_of(store, partition) if b.horizon_ms is not None]
 
 
 def offsets(store: kvlog.Store, partition: int = 0) -> list[tuple[int, bytes, bytes | None]]:

@@ -84,8 +84,8 @@ def _state(the_log: Log) -> dict[str, Any]:
     def collect(r: MetaReader) -> dict[str, Any]:
         return {
             "version": r.version(),
-            "batches": {p: [(b["base"], b["last"], b["f"]) for b in r.iter_batches(p, 0)] for p in range(PARTS)},
-            "ends": {p: r.get_partition(p)["end"] for p in range(PARTS)},
+            "batches": {p: [(b.base, b.last, b.file_id) for b in r.iter_batches(p, 0)] for p in range(PARTS)},
+            "ends": {p: r.partition_end(p) for p in range(PARTS)},
             "producers": sorted((producer_to_json(s) for s in r.iter_producers()), key=lambda s: s["id"]),
             "index": list(r.index_scan()),
         }

@@ -14,6 +14,7 @@ from kvlog.errors import CorruptDataError, KvlogError
 from kvlog.log import Log
 from kvlog.log.naming import checkpoint_name, commit_name
 from kvlog.log.records import partition_for_key
+from kvlog.meta import LiveBatch
 
 PARTS = 4
 
@@ -118,8 +119,9 @@ def test_a_corrupted_checkpoint_is_refused_naming_it(tmp_path: Path, make_log: A
     assert info.value.name == name
 
 
-def _batch_of(the_log: Log, partition: int) -> dict[str, Any]:
-    return dict(the_log.snapshot(lambda r: next(iter(r.iter_batches(partition, 0)))))
+def _batch_of(the_log: Log, partition: int) -> LiveBatch:
+    batch: LiveBatch = the_log.snapshot(lambda r: next(iter(r.iter_batches(partition, 0))))
+    return batch
 
 
 @pytest.mark.parametrize("offset_in_batch", ["first", "middle", "last"])
@@ -130,20 +132,20 @@ def test_a_corrupted_data_batch_is_refused_when_read(
     the_log = _build(make_log, root, tmp_path / "cache")
     batch = _batch_of(the_log, 0)
     the_log.close()
-    position = {"first": batch["pos"], "middle": batch["pos"] + batch["len"] // 2,
-                "last": batch["pos"] + batch["len"] - 1}[offset_in_batch]
-    _flip(root / batch["path"], position)
+    position = {"first": batch.position, "middle": batch.position + batch.length // 2,
+                "last": batch.position + batch.length - 1}[offset_in_batch]
+    _flip(root / batch.path, position)
 
     reader = make_log(root, tmp_path / "cache")  # the cache is fine; the data is not
     with pytest.raises(CorruptDataError) as info:
         list(reader.read(0))
-    assert info.value.name == batch["path"] and batch["path"] in str(info.value)
+    assert info.value.name == batch.path and batch.path in str(info.value)
     assert [r.value for r in reader.read(1)] == [b"c"]  # other files are unaffected
-    assert any(batch["path"] in finding for finding in check_store(reader, deep=True))
+    assert any(batch.path in finding for finding in check_store(reader, deep=True))
     # A fresh cache replays the commit, reads the batch to index it, and refuses it.
     with pytest.raises(CorruptDataError) as fresh:
         make_log(root, tmp_path / "fresh-cache")
-    assert fresh.value.name == batch["path"]
+    assert fresh.value.name == batch.path
 
 
 def test_a_truncated_or_missing_data_file_is_refused(tmp_path: Path, make_log: Any) -> None:
@@ -151,19 +153,19 @@ def test_a_truncated_or_missing_data_file_is_refused(tmp_path: Path, make_log: A
     the_log = _build(make_log, root, tmp_path / "cache")
     first, second = _batch_of(the_log, 0), _batch_of(the_log, 1)
     the_log.close()
-    data = (root / first["path"]).read_bytes()
-    (root / first["path"]).write_bytes(data[: first["pos"] + first["len"] // 2])
-    (root / second["path"]).unlink()
+    data = (root / first.path).read_bytes()
+    (root / first.path).write_bytes(data[: first.position + first.length // 2])
+    (root / second.path).unlink()
     reader = make_log(root, tmp_path / "cache")
     with pytest.raises(CorruptDataError) as truncated:
         list(reader.read(0))
-    assert truncated.value.name == first["path"]
+    assert truncated.value.name == first.path
     with pytest.raises(CorruptDataError) as missing:
         list(reader.read(1))
-    assert missing.value.name == second["path"]
+    assert missing.value.name == second.path
     findings = check_store(reader)
-    assert any(second["path"] in f and "missing" in f for f in findings)
-    assert any(first["path"] in f for f in findings)
+    assert any(second.path in f and "missing" in f for f in findings)
+    assert any(first.path in f for f in findings)
 
 
 def test_the_store_reports_a_corrupted_value_naming_the_file(tmp_path: Path) -> None:
@@ -174,10 +176,10 @@ def test_the_store_reports_a_corrupted_value_naming_the_file(tmp_path: Path) -> 
         store.put("small", "s", sync=True)
         p = store.log.partition_for("big")
         batch = _batch_of(store.log, p)
-    _flip(path / batch["path"], batch["pos"] + batch["len"] // 2)
+    _flip(path / batch.path, batch.position + batch.length // 2)
     with kvlog.open(path, background_compaction=False) as store:
         assert store.get("small") == b"s"  # inlined in the index
         with pytest.raises(CorruptDataError) as info:
             store.get("big")
-        assert info.value.name == batch["path"]
+        assert info.value.name == batch.path
         assert isinstance(info.value, KvlogError)

@@ -39,7 +39,7 @@ def _state(the_log: Log) -> dict[str, Any]:
             "version": r.version(),
             "files": dict(r.iter_files()),
             "batches": {p: list(r.iter_batches(p, 0)) for p in range(the_log.partitions)},
-            "ends": {p: r.get_partition(p)["end"] for p in range(the_log.partitions)},
+            "ends": {p: r.partition_end(p) for p in range(the_log.partitions)},
             "producers": sorted((producer_to_json(s) for s in r.iter_producers()), key=lambda s: s["id"]),
             "index": list(r.index_scan()),
         }
@@ -127,23 +127,23 @@ def test_records_keep_timestamps_tombstones_and_empty_values(tmp_path: Path, mak
 def _replace(the_log: Log, clock: ManualClock, partition: int, keep: dict[int, list[int]]) -> None:
     """Commit a replace that keeps only the given relative offsets of the live batches (by base)."""
     batches = the_log.snapshot(lambda r: list(r.iter_batches(partition, 0)))
-    removed = sorted({b["f"] for b in batches if int(b["base"]) in keep})
+    removed = sorted({b.file_id for b in batches if b.base in keep})
     outputs = []
     for b in batches:
-        if int(b["base"]) not in keep or not keep[int(b["base"])]:
+        if b.base not in keep or not keep[b.base]:
             continue
         rb = the_log.read_batch(b)
-        rel = keep[int(b["base"])]
+        rel = keep[b.base]
         cols = [rb.column(i).to_pylist() for i in range(3)]
         outputs.append((partition, make_record_batch([cols[0][i] for i in rel], [cols[1][i] for i in rel],
                                                      [cols[2][i] for i in rel]),
-                        {"base_offset": int(b["base"]), "last_offset": int(b["last"]),
+                        {"base_offset": b.base, "last_offset": b.last,
                          "present": encode_offsets(rel)}))
     add = (the_log.write_data_file(1, outputs)[0],) if outputs else ()
     commit_id = the_log.new_id()
     outcome = the_log.commit(lambda v: Commit(v, commit_id, clock.now_ms(), "replace", add=add,
                                               remove=tuple(removed)))
-    assert outcome["error"] is None
+    assert outcome.refusal is None
 
 
 def test_read_skips_holes_and_continues_at_the_next_surviving_record(
@@ -272,9 +272,9 @@ def test_gc_deletes_orphans_and_replaced_files_after_the_delay_and_keeps_live_fi
     orphan, _ = the_log.write_data_file(0, [(2, make_record_batch([b"o"], [b"o"], [wall]),
                                              {"producer_id": 1, "epoch": 0, "base_sequence": 0})])
     # A replaced file: the first batch of partition 0 compacted away.
-    replaced = the_log.snapshot(lambda r: next(iter(r.iter_batches(0, 0))))["path"]
+    replaced = the_log.snapshot(lambda r: next(iter(r.iter_batches(0, 0)))).path
     _replace(the_log, clock, 0, {0: []})
-    live = sorted(e["path"] for _f, e in the_log.snapshot(lambda r: list(r.iter_files())))
+    live = sorted(e.path for _f, e in the_log.snapshot(lambda r: list(r.iter_files())))
     assert orphan.path not in live and replaced not in live and len(live) == 3
     storage = LocalStorage(root)
 

@@ -137,7 +137,7 @@ def live_batches(store: kvlog.Store) -> list[dict[str, Any]]:
 def live_files(store: kvlog.Store) -> set[str]:
     """Paths of the store's live data files."""
     store.log.refresh()
-    return {entry["path"] for _id, entry in store.log.snapshot(lambda r: list(r.iter_files()))}
+    return {entry.path for _id, entry in store.log.snapshot(lambda r: list(r.iter_files()))}
 
 
 def data_files_on_disk(root: Path | str) -> set[str]:

@@ -34,11 +34,11 @@ def _tombstone_horizons(kv: Any, store: kvlog.Store) -> dict[tuple[int, int], in
     horizons = {}
     by_partition: dict[int, list[dict[str, Any]]] = {}
     for b in kv.live_batches(store):
-        by_partition.setdefault(int(b["p"]), []).append(b)
+        by_partition.setdefault(b.partition, []).append(b)
     for r in store.changes():
         if r.value is None:
-            batch = next(b for b in by_partition[r.partition] if b["base"] <= r.offset <= b["last"])
-            horizons[(r.partition, r.offset)] = batch.get("horizon")
+            batch = next(b for b in by_partition[r.partition] if b.base <= r.offset <= b.last)
+            horizons[(r.partition, r.offset)] = batch.horizon_ms
     return horizons
 
 

@@ -82,7 +82,7 @@ def test_latest_view_matches_the_model_after_deletes_and_local_compaction(
         report = store.compact(force=True)
         assert report.rounds == 1 and report.records_removed > 0
         # Compaction left holes: batches whose present offsets are a bitmap.
-        assert any(b.get("present") is not None for b in kv.live_batches(store))
+        assert any(b.present is not None for b in kv.live_batches(store))
         check_latest()
         # More writes and deletes on top of the compacted log, then both views once more.
         for i in range(0, 120, 3):
@@ -111,7 +111,7 @@ def test_partition_and_offset_pushdown(spark: Any, kv: Any, tmp_path: Path) -> N
         store.compact(force=True)
         kv.fill(store, ops=400, keys=400, seed=5)
         everything = kv.log_rows(store)
-        assert any(b.get("present") is not None for b in kv.live_batches(store))
+        assert any(b.present is not None for b in kv.live_batches(store))
     queries = {
         "partition = 1": lambda p, o: p == 1,
         "partition IN (0, 2)": lambda p, o: p in (0, 2),

@@ -116,10 +116,10 @@ def run_damage(seed: int, backend: Backend, workdir: Path, *, keep: bool = False
         else:
             batches = _live_batches(writer)
             batch = rng.choice(batches)
-            damaged = batch["path"]
+            damaged = batch.path
             data = bytearray(raw.read(damaged))
             if kind == "flip":
-                at = int(batch["pos"]) + rng.randrange(int(batch["len"]))
+                at = batch.position + rng.randrange(batch.length)
             else:
                 at = rng.randrange(len(data))
             data[at] ^= 1 << rng.randrange(8)
