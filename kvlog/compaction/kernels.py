@@ -17,10 +17,17 @@ This module does no I/O.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import numpy.typing as npt
 
-from kvlog.compaction import _kernels  # type: ignore[attr-defined]
+from kvlog._native import load
+
+if TYPE_CHECKING:
+    from kvlog.compaction import _kernels
+else:
+    _kernels = load("kvlog.compaction._kernels", "kvlog.compaction._kernels_py")
 
 __all__ = ["nh_fingerprints", "insert_rows", "lookup_rows", "mapped_values"]
 

@@ -16,13 +16,18 @@ This module does no I/O.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from kvlog.format import _columns
+from kvlog._native import load
+
+if TYPE_CHECKING:
+    from kvlog.format import _columns
+else:
+    _columns = load("kvlog.format._columns", "kvlog.format._columns_py")
 
 __all__ = [
     "INDEX_HEAD_BYTES", "binary_column", "bool_column", "binary_ends", "index_pairs", "int64_column",

@@ -25,19 +25,25 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import xxhash
 
+from kvlog._native import load
 from kvlog.errors import KvlogError, ProducerError, StoreClosedError
 from kvlog.format.columns import binary_column, int64_column
 from kvlog.format.datafile import SCHEMA
 from kvlog.index import TOMBSTONE, MemTable
-from kvlog.log._writebuffer import WriteBuffer
 from kvlog.log.log import Log, PendingBatch
 from kvlog.log.producers import SEQUENCE_MODULUS
 from kvlog.memory import release_unused_memory
+
+if TYPE_CHECKING:
+    from kvlog.log._writebuffer import WriteBuffer
+else:
+    WriteBuffer = load("kvlog.log._writebuffer", "kvlog.log._writebuffer_py").WriteBuffer
 
 __all__ = ["Flusher", "RECORD_OVERHEAD_BYTES", "split_by_partition"]
 

@@ -43,21 +43,26 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 import lmdb
 import numpy as np
 import pyarrow as pa
 
+from kvlog._native import load
 from kvlog.errors import CorruptDataError
 from kvlog.format.checksum import crc32c
 from kvlog.format.columns import INDEX_HEAD_BYTES as _PACKED_HEAD_BYTES
 from kvlog.format.columns import binary_ends, index_pairs, int64_column, latest_rows, valid_mask
 from kvlog.log.producers import ProducerState, producer_from_json, producer_to_json
-from kvlog.meta import _runs
 from kvlog.meta.env import CACHE_LAYOUT, LMDB_ERROR, CacheDamage, LmdbEnv, seal, unseal
 from kvlog.meta.keys import DIRECT_KEY_BYTES, encode_index_key, is_long_encoded
 from kvlog.meta.runs import RUN_ID, Buffer, build_run, run_entries, runs_find, walk_run
+
+if TYPE_CHECKING:
+    from kvlog.meta import _runs
+else:
+    _runs = load("kvlog.meta._runs", "kvlog.meta._runs_py")
 
 __all__ = [
     "INDEX_HEAD_BYTES", "INLINE_FLAG", "LMDB_ERROR", "IndexEntry", "MetaTxn", "MetaReader",

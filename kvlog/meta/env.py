@@ -37,13 +37,18 @@ import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import lmdb
 
+from kvlog._native import load
 from kvlog.errors import CorruptDataError, KvlogError, StorageError
 from kvlog.format.checksum import crc32c
-from kvlog.meta import _runs
+
+if TYPE_CHECKING:
+    from kvlog.meta import _runs
+else:
+    _runs = load("kvlog.meta._runs", "kvlog.meta._runs_py")
 
 __all__ = [
     "CACHE_LAYOUT", "CacheDamage", "DB_NAMES", "LMDB_ERROR", "SEALED_DBS", "LmdbEnv", "acquire_env",
