@@ -5,7 +5,8 @@ commit turns them back into a million ``(key, index value)`` pairs for LMDB.
 Done with Arrow compute (``take``, ``binary_join_element_wise``,
 ``to_pylist``) each step copies every byte once more and hands the GIL back
 and forth; these loops are a C extension of kvlog's own (``_columns.c``, built
-when kvlog is installed) that make each column or list in one pass. They hold
+when kvlog is installed; where it was not, :mod:`kvlog._native` picks its twin
+``_columns_py``) that make each column or list in one pass. They hold
 the GIL, since they read or create Python objects. The commit also needs each
 key's last row in key order (:func:`latest_rows`), a compiled sort that runs
 without the GIL.

@@ -2,7 +2,8 @@
 
 Writes go to one write buffer (and the memtable, under the same lock); a
 buffered put, the hot path, is compiled (``_writebuffer.c``: 530 ns a put
-where the same steps in Python took 1,000, loop included), everything else
+where the same steps in Python, its twin ``_writebuffer_py``, take 1,000, loop
+included; :mod:`kvlog._native` picks one), everything else
 about the buffer is here. A flush takes everything buffered, splits it into
 one batch per partition, writes one L0 data file holding them, and commits
 it: so a write batch, added under one lock, is never split across commits.
