@@ -2,15 +2,16 @@
 
 ``python benchmarks/twins.py [--repeats 5] [--scale 1.0]`` prints, for each extension, the
 seconds of the operation with the extension and with its twin, C and twin interleaved in each
-repeat (fresh stores, one process: the wrappers' module is swapped between runs), and the
-ratio twin / C as a median with its range. The operations:
+repeat after one warm-up run of each (fresh stores, one process: the wrappers' module is
+swapped between runs), and the ratio twin / C as a median with its range. The operations:
 
 ``_writebuffer``  200k puts of 16-byte keys and 100-byte values, then ``flush()``.
 ``_columns``      the same puts of 45k random 16-byte keys, then ``flush()`` (the commit: Arrow
-                  columns, each key's last row in key order, the index entries).
+                  columns, each key's last row in key order, the index entries); and the
+                  flush alone.
 ``_kernels``      ``compact(force=True)`` of a store of 1M records (200k keys, 5 versions).
 ``_runs``         45k ``get`` of keys held by pending index runs, a full ``scan`` merging the
-                  runs, and the cache check of ``check_lmdb`` on the compacted store's cache.
+                  runs, and the cache check of ``check_lmdb`` on the uncompacted 1M-record store's cache.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def use(extension: str, implementation: str) -> None:
         setattr(importlib.import_module(name), attribute, module)
     if extension == "_writebuffer":
         importlib.import_module("kvlog.log.flusher").WriteBuffer = module.WriteBuffer
+    if extension == "_runs":  # the get path's inline check, bound by name
+        for holder in ("kvlog.meta.cache", "kvlog.store"):
+            importlib.import_module(holder).index_inline = module.inline
 
 
 def keys_of(n: int, seed: int) -> list[bytes]:
@@ -60,7 +64,8 @@ def open_store(path: Path) -> kvlog.Store:
     return kvlog.open(path, partitions=4, config=kvlog.StoreConfig(**MANUAL))
 
 
-def puts_and_flush(n: int) -> Callable[[Path], float]:
+def puts_and_flush(n: int, *, flush_only: bool = False) -> Callable[[Path], float]:
+    """``n`` puts then ``flush()``, timed whole or (``flush_only``) the flush alone."""
     keys = keys_of(n, 1)
     value = b"v" * 100
 
@@ -69,6 +74,8 @@ def puts_and_flush(n: int) -> Callable[[Path], float]:
             start = time.perf_counter()
             for key in keys:
                 store.put(key, value)
+            if flush_only:
+                start = time.perf_counter()
             store.flush()
             return time.perf_counter() - start
 
@@ -168,6 +175,8 @@ def main() -> None:
         if "_columns" in args.only:
             report(f"_columns: {int(45_000 * s)} puts + flush (commit)",
                    measure("_columns", puts_and_flush(int(45_000 * s)), args.repeats))
+            report(f"_columns: the flush (commit) of {int(45_000 * s)} keys alone",
+                   measure("_columns", puts_and_flush(int(45_000 * s), flush_only=True), args.repeats))
         if "_runs" in args.only:
             report(f"_runs: {int(45_000 * s)} gets + scan over a pending run",
                    measure("_runs", run_reads(int(45_000 * s)), args.repeats))

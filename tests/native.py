@@ -57,4 +57,6 @@ def native(request: pytest.FixtureRequest) -> Iterator[Native]:
                 module_name, attribute = holder.rsplit(".", 1)
                 patch.setattr(importlib.import_module(module_name), attribute, getattr(chosen, key))
         patch.setattr(importlib.import_module("kvlog.log.flusher"), "WriteBuffer", chosen.WriteBuffer)
+        for holder in ("kvlog.meta.cache", "kvlog.store"):  # the get path's inline check, bound by name
+            patch.setattr(importlib.import_module(holder), "index_inline", chosen.runs.inline)
         yield chosen

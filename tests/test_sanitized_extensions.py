@@ -71,7 +71,9 @@ def test_extensions_under_address_sanitizer(tmp_path: Path) -> None:
     _build(package)
     # PYTHONMALLOC=malloc: every Python object in a heap block of its own, with red zones (in
     # pymalloc's arenas a read past a small bytes object would go unseen).
-    env = dict(os.environ, PYTHONPATH=str(tmp_path), LD_PRELOAD=libasan, PYTHONDONTWRITEBYTECODE="1",
+    # kvlog from the copy, first on the path; the tests' shared helpers (tests.native) from the
+    # repository.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]), LD_PRELOAD=libasan, PYTHONDONTWRITEBYTECODE="1",
                PYTHONMALLOC="malloc", ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1")
     env.pop("KVLOG_FUZZ_EXAMPLES", None)
     env.pop("KVLOG_PURE_PYTHON", None)  # the wrappers call the instrumented extensions

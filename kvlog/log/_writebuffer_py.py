@@ -38,15 +38,13 @@ class WriteBuffer:
 
     def put(self, key: bytes, value: bytes, /) -> bool:
         """Buffer one put of a validated key and value; returns whether the trigger was reached."""
-        now_ns = getattr(self, "_now_ns", None)
-        acquire = getattr(self, "_acquire", None)
-        release = getattr(self, "_release", None)
-        memtable = getattr(self, "_memtable", None)
-        if now_ns is None or acquire is None or release is None or memtable is None:
-            raise RuntimeError("the write buffer was not initialised")
+        try:
+            now_ns, acquire, release, memtable = self._now_ns, self._acquire, self._release, self._memtable
+        except AttributeError:
+            raise RuntimeError("the write buffer was not initialised") from None
         if type(key) is not bytes or type(value) is not bytes:
             raise TypeError("put() takes bytes (validated by the caller)")
-        fatal = self.fatal
+        fatal = getattr(self, "fatal", None)
         if fatal is not None:
             if isinstance(fatal, BaseException):
                 raise fatal
@@ -54,11 +52,15 @@ class WriteBuffer:
         stamp = now_ns()
         acquire()
         try:
-            columns = [getattr(self, name, None) for name in ("keys", "values", "stamps")]
-            if not all(type(column) is list for column in columns):
+            try:
+                keys, values, stamps = self.keys, self.values, self.stamps
+            except AttributeError:
+                raise TypeError("the write buffer's columns must be lists") from None
+            if type(keys) is not list or type(values) is not list or type(stamps) is not list:
                 raise TypeError("the write buffer's columns must be lists")
-            for column, item in zip(columns, (key, value, stamp), strict=True):
-                column.append(item)  # type: ignore[union-attr]
+            keys.append(key)
+            values.append(value)
+            stamps.append(stamp)
             try:
                 memtable.front[key] = value
             except BaseException:
@@ -67,7 +69,7 @@ class WriteBuffer:
             self.buffered_bytes += len(key) + len(value) + self._overhead
         finally:
             release()
-        return bool(self.buffered_bytes >= self.trigger)
+        return self.buffered_bytes >= self.trigger
 
     def _drop_last_record(self) -> None:
         """Remove the last item of each column: a record taken back. Code run meanwhile (a
