@@ -9,7 +9,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: help demo test test-fast torture lint docs bench java install clean
+.PHONY: help demo test test-fast test-pure torture lint docs bench java install clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -18,7 +18,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-$(STAMP): setup.cfg setup.py pyproject.toml kvlog/compaction/_kernels.c kvlog/format/_columns.c kvlog/log/_writebuffer.c kvlog/index/_runs.c kvlog/_key_order.h kvlog/_crc32c.h | $(PY)
+$(STAMP): setup.cfg setup.py pyproject.toml MANIFEST.in kvlog/compaction/_kernels.c kvlog/format/_columns.c kvlog/log/_writebuffer.c kvlog/index/_runs.c kvlog/_key_order.h kvlog/_crc32c.h | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	@touch $(STAMP)
 
@@ -36,6 +36,9 @@ test: install java ## the whole suite (unit, property, fault, S3, Spark, example
 
 test-fast: install ## the suite without slow, S3 and Spark tests
 	@bash scripts/run-pytest.sh $(PY) -m "not slow and not s3 and not spark" $(PYTEST_ARGS)
+
+test-pure: install ## the fast suite on the pure-Python twins of the C extensions (KVLOG_PURE_PYTHON=1)
+	@KVLOG_PURE_PYTHON=1 bash scripts/run-pytest.sh $(PY) -m "not slow and not s3 and not spark" $(PYTEST_ARGS)
 
 torture: install ## seeded torture runs: make torture SEEDS=500 [START=0] [BACKEND=local|s3]
 	$(PY) -m tests.torture --seeds $(or $(SEEDS),100) --start $(or $(START),0) --backend $(or $(BACKEND),local)

@@ -1,30 +1,38 @@
-"""Builds kvlog's four C extensions; everything else about the package is in setup.cfg."""
+"""Builds kvlog's C extensions; everything else about the package is in setup.cfg.
+
+Each extension has a pure-Python twin (``kvlog._native`` picks one): an extension that does
+not build (no C compiler, no Python headers) is left out with one line saying so, and the
+install goes on without it.
+"""
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that skips, with one line on stderr, each extension that fails to compile."""
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as e:  # noqa: BLE001 - CCompilerError, DistutilsExecError, OSError, ...
+            import sys
+
+            print(f"kvlog: building {ext.name} failed ({type(e).__name__}: {str(e).strip()[:200]}); "
+                  f"kvlog will use its pure-Python twin, which is slower", file=sys.stderr)
+
+
+COMPILE = ["-O3", "-std=c11"]
 
 setup(
+    cmdclass={"build_ext": OptionalBuildExt},
     ext_modules=[
-        Extension(
-            "kvlog.compaction._kernels",
-            sources=["kvlog/compaction/_kernels.c"],
-            extra_compile_args=["-O3", "-std=c11"],
-        ),
-        Extension(
-            "kvlog.log._writebuffer",
-            sources=["kvlog/log/_writebuffer.c"],
-            extra_compile_args=["-O3", "-std=c11"],
-        ),
-        Extension(
-            "kvlog.format._columns",
-            sources=["kvlog/format/_columns.c"],
-            depends=["kvlog/_key_order.h", "kvlog/_crc32c.h"],
-            extra_compile_args=["-O3", "-std=c11"],
-        ),
-        Extension(
-            "kvlog.index._runs",
-            sources=["kvlog/index/_runs.c"],
-            depends=["kvlog/_key_order.h", "kvlog/_crc32c.h"],
-            extra_compile_args=["-O3", "-std=c11"],
-        ),
-    ]
+        Extension("kvlog.compaction._kernels", sources=["kvlog/compaction/_kernels.c"],
+                  extra_compile_args=COMPILE),
+        Extension("kvlog.log._writebuffer", sources=["kvlog/log/_writebuffer.c"], extra_compile_args=COMPILE),
+        Extension("kvlog.format._columns", sources=["kvlog/format/_columns.c"],
+                  depends=["kvlog/_key_order.h", "kvlog/_crc32c.h"], extra_compile_args=COMPILE),
+        Extension("kvlog.index._runs", sources=["kvlog/index/_runs.c"],
+                  depends=["kvlog/_key_order.h", "kvlog/_crc32c.h"], extra_compile_args=COMPILE),
+    ],
 )

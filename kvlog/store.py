@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
+from kvlog._native import active as native_active
 from kvlog.clock import Clock, IdSource
 from kvlog.compaction import CompactionReport, Compactor
 from kvlog.config import KEY_BYTES_LIMIT, StoreConfig
@@ -374,6 +375,7 @@ class Store:
         out["producer_epoch"] = flusher.epoch if flusher else None
         out["read_only"] = self.log.read_only
         out["compaction"] = self._compactor.stats() if self._compactor else None
+        out["native"] = native_active()
         return out
 
     def compact(self, *, force: bool = False, now_ms: int | None = None) -> CompactionReport:

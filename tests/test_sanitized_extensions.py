@@ -5,8 +5,9 @@ the run. The four extensions are compiled with ``-fsanitize=address`` into a cop
 ``kvlog`` package in a temporary directory, and pytest runs, in a child process with
 ``libasan`` preloaded (the interpreter itself is not instrumented), the tests that drive them:
 the column and index-run tests, the malformed-input fuzzing of every entry point and decoder,
-the offset map's kernels and the write buffer. Leak checking is off: CPython keeps memory
-until exit on purpose.
+the offset map's kernels and the write buffer (those tests run against the Python twins too,
+which need no sanitizer but do no harm). Leak checking is off: CPython keeps memory until
+exit on purpose.
 """
 
 from __future__ import annotations
@@ -70,9 +71,12 @@ def test_extensions_under_address_sanitizer(tmp_path: Path) -> None:
     _build(package)
     # PYTHONMALLOC=malloc: every Python object in a heap block of its own, with red zones (in
     # pymalloc's arenas a read past a small bytes object would go unseen).
-    env = dict(os.environ, PYTHONPATH=str(tmp_path), LD_PRELOAD=libasan, PYTHONDONTWRITEBYTECODE="1",
+    # kvlog from the copy, first on the path; the tests' shared helpers (tests.native) from the
+    # repository.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]), LD_PRELOAD=libasan, PYTHONDONTWRITEBYTECODE="1",
                PYTHONMALLOC="malloc", ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1")
     env.pop("KVLOG_FUZZ_EXAMPLES", None)
+    env.pop("KVLOG_PURE_PYTHON", None)  # the wrappers call the instrumented extensions
     # The child imports kvlog from the copy (the working directory is not the repository).
     where = subprocess.run(
         [sys.executable, "-c", "import kvlog.index._runs as m, kvlog.format._columns as c; print(m.__file__, c.__file__)"],

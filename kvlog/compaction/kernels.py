@@ -4,7 +4,8 @@ A probe of an open-addressing table is a loop whose length depends on the data;
 numpy can only run it as a sequence of whole-array steps (gather the home
 slots, compare, compact the records still probing, scatter, read back), about
 twenty passes over every batch, 110 to 150 ns per record. These loops are a C
-extension of kvlog's own (``_kernels.c``, built when kvlog is installed): one
+extension of kvlog's own (``_kernels.c``, built when kvlog is installed; where
+it was not, :mod:`kvlog._native` picks its numpy twin ``_kernels_py``): one
 call per Arrow batch, about 30 ns per record, the GIL released while they run.
 numba does the same at the same speed, but costs a process about 40 MiB of
 compiler and a few tenths of a second on its first job, which a store that
@@ -17,10 +18,17 @@ This module does no I/O.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import numpy.typing as npt
 
-from kvlog.compaction import _kernels  # type: ignore[attr-defined]
+from kvlog._native import load
+
+if TYPE_CHECKING:
+    from kvlog.compaction import _kernels
+else:
+    _kernels = load("kvlog.compaction._kernels", "kvlog.compaction._kernels_py")
 
 __all__ = ["nh_fingerprints", "insert_rows", "lookup_rows", "mapped_values"]
 

@@ -5,7 +5,8 @@ commit turns them back into a million ``(key, index value)`` pairs for LMDB.
 Done with Arrow compute (``take``, ``binary_join_element_wise``,
 ``to_pylist``) each step copies every byte once more and hands the GIL back
 and forth; these loops are a C extension of kvlog's own (``_columns.c``, built
-when kvlog is installed) that make each column or list in one pass. They hold
+when kvlog is installed; where it was not, :mod:`kvlog._native` picks its twin
+``_columns_py``) that make each column or list in one pass. They hold
 the GIL, since they read or create Python objects. The commit also needs each
 key's last row in key order (:func:`latest_rows`), a compiled sort that runs
 without the GIL.
@@ -16,13 +17,18 @@ This module does no I/O.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from kvlog.format import _columns
+from kvlog._native import load
+
+if TYPE_CHECKING:
+    from kvlog.format import _columns
+else:
+    _columns = load("kvlog.format._columns", "kvlog.format._columns_py")
 
 __all__ = [
     "INDEX_HEAD_BYTES", "binary_column", "bool_column", "binary_ends", "index_pairs", "int64_column",

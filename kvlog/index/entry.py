@@ -15,13 +15,19 @@ import mmap
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from kvlog._native import load
 from kvlog.errors import CorruptDataError
 from kvlog.format.checksum import crc32c
 from kvlog.format.columns import INDEX_HEAD_BYTES as _PACKED_HEAD_BYTES
-from kvlog.index import _runs
 from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key
 from kvlog.meta.env import SEALED_DBS, CacheDamage, LmdbEnv
+
+if TYPE_CHECKING:
+    from kvlog.index import _runs
+else:
+    _runs = load("kvlog.index._runs", "kvlog.index._runs_py")
 
 __all__ = [
     "INDEX_HEAD_BYTES", "INLINE_FLAG", "IndexEntry", "check_cache_file", "decode_entry", "decode_index_value",

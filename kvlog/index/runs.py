@@ -23,13 +23,19 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from kvlog._native import load
 from kvlog.format.columns import binary_ends
-from kvlog.index import _runs
+
+if TYPE_CHECKING:
+    from kvlog.index import _runs
+else:
+    _runs = load("kvlog.index._runs", "kvlog.index._runs_py")
 
 __all__ = ["Buffer", "RUN_ID", "WALK_CHUNK", "build_run", "run_entries", "run_find", "run_length", "runs_find", "walk_run"]
 

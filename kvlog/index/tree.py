@@ -13,13 +13,18 @@ from bisect import bisect_left
 from collections.abc import Generator, Iterator
 from itertools import islice
 from operator import itemgetter
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import lmdb
 
-from kvlog.index import _runs
+from kvlog._native import load
 from kvlog.index.entry import IndexEntry, decode_entry
 from kvlog.index.keys import DIRECT_KEY_BYTES, is_long_encoded
+
+if TYPE_CHECKING:
+    from kvlog.index import _runs
+else:
+    _runs = load("kvlog.index._runs", "kvlog.index._runs_py")
 
 __all__ = ["inline_chunks", "overlay", "walk_forward", "walk_reverse"]
 

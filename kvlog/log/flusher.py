@@ -2,7 +2,8 @@
 
 Writes go to one write buffer (and the memtable, under the same lock); a
 buffered put, the hot path, is compiled (``_writebuffer.c``: 530 ns a put
-where the same steps in Python took 1,000, loop included), everything else
+where the same steps in Python, its twin ``_writebuffer_py``, take 1,000, loop
+included; :mod:`kvlog._native` picks one), everything else
 about the buffer is here. A flush takes everything buffered, splits it into
 one batch per partition, writes one L0 data file holding them, and commits
 it: so a write batch, added under one lock, is never split across commits.
@@ -25,20 +26,26 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import xxhash
 
+from kvlog._native import load
 from kvlog.errors import KvlogError, ProducerError, StoreClosedError
 from kvlog.format.columns import binary_column, int64_column
 from kvlog.format.datafile import SCHEMA
 from kvlog.index import MemTable
-from kvlog.log._writebuffer import WriteBuffer
 from kvlog.log.append import PendingBatch
 from kvlog.log.log import Log
 from kvlog.log.producers import SEQUENCE_MODULUS
 from kvlog.memory import release_unused_memory
+
+if TYPE_CHECKING:
+    from kvlog.log._writebuffer import WriteBuffer
+else:
+    WriteBuffer = load("kvlog.log._writebuffer", "kvlog.log._writebuffer_py").WriteBuffer
 
 __all__ = ["Flusher", "RECORD_OVERHEAD_BYTES", "split_by_partition"]
 

@@ -17,6 +17,9 @@ from kvlog.compaction.offset_map import (
     fingerprints,
 )
 
+#: Each test runs against the C extensions and against their Python twins.
+pytestmark = pytest.mark.usefixtures("native")
+
 MiB = 1024 * 1024
 SEED = 0x5EED
 

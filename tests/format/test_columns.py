@@ -19,6 +19,9 @@ from kvlog.format.columns import (
 )
 from kvlog.index.entry import encode_index_value
 
+#: Each test runs against the C extensions and against their Python twins.
+pytestmark = pytest.mark.usefixtures("native")
+
 items_strategy = st.lists(st.one_of(st.none(), st.binary(max_size=40)), max_size=60)
 
 

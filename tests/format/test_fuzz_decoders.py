@@ -43,6 +43,9 @@ from kvlog.format import (
 )
 from kvlog.index.entry import decode_index_value, encode_index_value
 
+#: Each test runs against the C extensions and against their Python twins.
+pytestmark = pytest.mark.usefixtures("native")
+
 NAME = "fuzzed-object"
 #: Examples per test; set KVLOG_FUZZ_EXAMPLES to fuzz longer locally.
 EXAMPLES = int(os.environ.get("KVLOG_FUZZ_EXAMPLES", "60"))

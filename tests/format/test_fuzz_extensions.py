@@ -1,4 +1,5 @@
-"""Malformed input to every entry point of the four C extensions: never a crash.
+"""Malformed input to every entry point of the four C extensions and their Python twins: never a
+crash (each test runs against both, see the ``native`` fixture).
 
 Each call either returns a value or raises a clean error (``ValueError`` and its kin for bad
 buffers, ``TypeError`` for wrong types). For index runs and index values a returned entry is
@@ -21,15 +22,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvlog.compaction import _kernels
-from kvlog.format import _columns
 from kvlog.format.checksum import crc32c
 from kvlog.format.columns import binary_column
-from kvlog.index import MemTable, _runs
+from kvlog.index import MemTable
 from kvlog.index.entry import encode_index_value
 from kvlog.index.runs import build_run, run_entries, run_find, run_length, runs_find, walk_run
-from kvlog.log._writebuffer import WriteBuffer
 from kvlog.meta.env import seal
+from tests.native import Native
 
 EXAMPLES = int(os.environ.get("KVLOG_FUZZ_EXAMPLES", "60"))
 FAST = settings(max_examples=EXAMPLES, deadline=None,
@@ -70,15 +69,15 @@ def damaged(draw: st.DrawFn, valid: bytes) -> bytes:
     return draw(st.binary(max_size=96))
 
 
-def _checked(key: bytes, value: bytes | None) -> None:
+def _checked(native: Native, key: bytes, value: bytes | None) -> None:
     """A value a run handed out: absent, a deletion, or an index value passing its checksum."""
     if value:
-        _runs.decode(key, value)
+        native.runs.decode(key, value)
 
 
 # -- index runs ---------------------------------------------------------------------------------
 
-def test_a_crafted_run_whose_key_ends_go_backwards_raises() -> None:
+def test_a_crafted_run_whose_key_ends_go_backwards_raises(native: Native) -> None:
     """25 bytes: two entries, the first key ending far outside the run."""
     crafted = struct.pack("<IIIIII", 0x3252564B, 2, 0xFFFFFF00, 1, 0, 0) + b"k"
     assert len(crafted) == 25
@@ -94,18 +93,18 @@ def test_a_crafted_run_whose_key_ends_go_backwards_raises() -> None:
 
 @FAST
 @given(keys_st, st.integers(0, 1000), st.data())
-def test_damaged_runs_raise_or_hand_out_checked_entries(keys: list[bytes], seed: int, data: st.DataObject) -> None:
+def test_damaged_runs_raise_or_hand_out_checked_entries(native: Native, keys: list[bytes], seed: int, data: st.DataObject) -> None:
     run = data.draw(damaged(_run(keys, seed)))
     probe = data.draw(st.sampled_from(keys) if keys else st.binary(min_size=1, max_size=8))
     lower = data.draw(st.none() | st.binary(max_size=4))
     upper = data.draw(st.none() | st.binary(max_size=4))
     reverse = data.draw(st.booleans())
     try:
-        _checked(probe, run_find(run, probe))
+        _checked(native, probe, run_find(run, probe))
     except ValueError:
         pass
     try:
-        _checked(probe, runs_find([run, memoryview(run)], probe))
+        _checked(native, probe, runs_find([run, memoryview(run)], probe))
     except ValueError:
         pass
     try:
@@ -113,12 +112,12 @@ def test_damaged_runs_raise_or_hand_out_checked_entries(keys: list[bytes], seed:
     except ValueError:
         found = []
     for key, value in found:
-        _checked(key, value)
+        _checked(native, key, value)
     order = [key for key, _value in found]
     assert order == sorted(order, reverse=reverse) and len(set(order)) == len(order)
     try:
         for key, value in walk_run(run, lower, upper, reverse=reverse):
-            _checked(key, value)
+            _checked(native, key, value)
     except ValueError:
         pass
     try:
@@ -129,7 +128,7 @@ def test_damaged_runs_raise_or_hand_out_checked_entries(keys: list[bytes], seed:
 
 @FAST
 @given(st.binary(max_size=64), st.binary(max_size=8), st.one_of(st.none(), st.binary(max_size=4)))
-def test_random_bytes_are_not_runs(run: bytes, key: bytes, bound: bytes | None) -> None:
+def test_random_bytes_are_not_runs(native: Native, run: bytes, key: bytes, bound: bytes | None) -> None:
     for call in (lambda: run_find(run, key), lambda: runs_find([run], key), lambda: run_entries(run, bound, None),
                  lambda: run_entries(run, None, bound, 3, True), lambda: run_length(run)):
         try:
@@ -138,11 +137,11 @@ def test_random_bytes_are_not_runs(run: bytes, key: bytes, bound: bytes | None) 
             pass
 
 
-def test_run_functions_refuse_other_types() -> None:
+def test_run_functions_refuse_other_types(native: Native) -> None:
     run = _run([b"a", b"b"], 1)
     for call in (lambda: runs_find([run, 3], b"z"), lambda: runs_find(run, b"a"),  # type: ignore[arg-type, list-item]
-                 lambda: _runs.find(run, None), lambda: _runs.entries(run, 3, None, 1, False),
-                 lambda: _runs.find_first([run], "a")):
+                 lambda: native.runs.find(run, None), lambda: native.runs.entries(run, 3, None, 1, False),
+                 lambda: native.runs.find_first([run], "a")):
         with pytest.raises(TypeError):
             call()
 
@@ -150,7 +149,7 @@ def test_run_functions_refuse_other_types() -> None:
 @FAST
 @given(st.lists(st.binary(max_size=6), max_size=8), st.lists(st.none() | st.binary(max_size=6), max_size=8),
        st.lists(st.integers(-3, 10), max_size=8), st.integers(-5, 10), st.data())
-def test_build_run_refuses_what_is_not_rows_in_order(keys: list[bytes], values: list[bytes | None], rows: list[int],
+def test_build_run_refuses_what_is_not_rows_in_order(native: Native, keys: list[bytes], values: list[bytes | None], rows: list[int],
                                                      inline_limit: int, data: st.DataObject) -> None:
     n = len(rows)
     parts = np.zeros(data.draw(st.sampled_from([n, n + 1, max(n - 1, 0)])), dtype=np.uint16)
@@ -167,10 +166,10 @@ def test_build_run_refuses_what_is_not_rows_in_order(keys: list[bytes], values: 
 
 @FAST
 @given(st.lists(st.binary(max_size=24), min_size=8, max_size=8), st.integers(-2, 100))
-def test_raw_build_takes_any_buffers(buffers: list[bytes], inline_limit: int) -> None:
+def test_raw_build_takes_any_buffers(native: Native, buffers: list[bytes], inline_limit: int) -> None:
     b = buffers
     try:
-        _runs.build(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], inline_limit)
+        native.runs.build(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], inline_limit)
     except CLEAN:
         pass
 
@@ -179,29 +178,29 @@ def test_raw_build_takes_any_buffers(buffers: list[bytes], inline_limit: int) ->
 
 @FAST
 @given(st.binary(max_size=300), st.integers(0, 2**32 - 1))
-def test_the_compiled_crc32c_equals_the_crc32c_package(data: bytes, value: int) -> None:
+def test_the_compiled_crc32c_equals_the_crc32c_package(native: Native, data: bytes, value: int) -> None:
     """Index entries are sealed in C and in Python: the CPU instruction's CRC, the tables' and
     the crc32c package's are one function."""
     expected = crc32c(data, value)
-    assert _runs.crc32c(data, value) == expected
-    assert _runs.crc32c(data, value, True) == expected
+    assert native.runs.crc32c(data, value) == expected
+    assert native.runs.crc32c(data, value, True) == expected
 
 
 @FAST
 @given(st.binary(max_size=40), st.binary(max_size=60), st.data())
-def test_index_value_functions_take_any_bytes(key: bytes, value: bytes, data: st.DataObject) -> None:
+def test_index_value_functions_take_any_bytes(native: Native, key: bytes, value: bytes, data: st.DataObject) -> None:
     if data.draw(st.booleans()):
         value = data.draw(damaged(encode_index_value(key or b"k", 1, 2, data.draw(st.none() | st.binary(max_size=9)))))
-    for call in (lambda: _runs.decode(key, value), lambda: _runs.inline(key, value),
-                 lambda: _runs.inline(memoryview(key), bytearray(value)),
-                 lambda: _runs.inline_prefix([(key, value), (key, value)])):
+    for call in (lambda: native.runs.decode(key, value), lambda: native.runs.inline(key, value),
+                 lambda: native.runs.inline(memoryview(key), bytearray(value)),
+                 lambda: native.runs.inline_prefix([(key, value), (key, value)])):
         try:
             call()
         except ValueError:
             pass
-    for call in (lambda: _runs.inline(key), lambda: _runs.decode(key, value, key),  # type: ignore[call-arg]
-                 lambda: _runs.inline(None, value), lambda: _runs.inline_prefix([(key,)]),  # type: ignore[list-item]
-                 lambda: _runs.inline_prefix((key, value)), lambda: _runs.inline_prefix([key])):  # type: ignore[arg-type, list-item]
+    for call in (lambda: native.runs.inline(key), lambda: native.runs.decode(key, value, key),  # type: ignore[call-arg]
+                 lambda: native.runs.inline(None, value), lambda: native.runs.inline_prefix([(key,)]),  # type: ignore[list-item]
+                 lambda: native.runs.inline_prefix((key, value)), lambda: native.runs.inline_prefix([key])):  # type: ignore[arg-type, list-item]
         with pytest.raises(TypeError):
             call()
 
@@ -237,20 +236,20 @@ def lmdb_file(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return _small_lmdb(tmp_path_factory.mktemp("lmdb"))
 
 
-def test_check_lmdb_passes_a_whole_file_and_finds_a_damaged_value(lmdb_file: bytes) -> None:
-    assert _runs.check_lmdb(lmdb_file, *NAMES) is None
+def test_check_lmdb_passes_a_whole_file_and_finds_a_damaged_value(native: Native, lmdb_file: bytes) -> None:
+    assert native.runs.check_lmdb(lmdb_file, *NAMES) is None
     for needle in (b"key-00123", b'{"n": 123}'):  # an index entry's key; a sealed value
         at = lmdb_file.find(needle)
         damaged = bytearray(lmdb_file)
         damaged[at + 7] ^= 1  # LMDB's own structure still holds
-        assert _runs.check_lmdb(bytes(damaged), *NAMES) is not None
+        assert native.runs.check_lmdb(bytes(damaged), *NAMES) is not None
     with pytest.raises(TypeError):
-        _runs.check_lmdb(lmdb_file, b"index", b"runs", ("sealed",))
+        native.runs.check_lmdb(lmdb_file, b"index", b"runs", ("sealed",))
 
 
 @FAST
 @given(st.integers(0, 2**32 - 1), st.integers(1, 3))
-def test_check_lmdb_of_damaged_files(lmdb_file: bytes, seed: int, damages: int) -> None:
+def test_check_lmdb_of_damaged_files(native: Native, lmdb_file: bytes, seed: int, damages: int) -> None:
     rng = np.random.default_rng(seed)
     pages = len(lmdb_file) // 4096
     bad = bytearray(lmdb_file)
@@ -265,16 +264,16 @@ def test_check_lmdb_of_damaged_files(lmdb_file: bytes, seed: int, damages: int) 
             bad[at : at + length] = rng.bytes(length)
         else:
             bad[page * 4096 + int(rng.integers(0, 4096))] ^= 1 << int(rng.integers(0, 8))
-    result = _runs.check_lmdb(bytes(bad), *NAMES)
+    result = native.runs.check_lmdb(bytes(bad), *NAMES)
     assert result is None or isinstance(result, str)
-    result = _runs.check_lmdb(bytes(bad[: int(rng.integers(0, len(bad)))]), *NAMES)
+    result = native.runs.check_lmdb(bytes(bad[: int(rng.integers(0, len(bad)))]), *NAMES)
     assert result is None or isinstance(result, str)
 
 
 @FAST
 @given(st.binary(max_size=600))
-def test_check_lmdb_of_random_bytes(data: bytes) -> None:
-    assert _runs.check_lmdb(data, *NAMES) is not None
+def test_check_lmdb_of_random_bytes(native: Native, data: bytes) -> None:
+    assert native.runs.check_lmdb(data, *NAMES) is not None
 
 
 # -- column loops -------------------------------------------------------------------------------
@@ -284,13 +283,13 @@ items_st = st.lists(st.none() | st.binary(max_size=8) | st.integers() | st.text(
 
 @FAST
 @given(items_st, st.none() | st.lists(st.integers(-3, 14), max_size=14), st.booleans())
-def test_pack_binary_takes_any_items_and_order(items: list[Any], order: list[int] | None, raw_bytes: bool) -> None:
+def test_pack_binary_takes_any_items_and_order(native: Native, items: list[Any], order: list[int] | None, raw_bytes: bool) -> None:
     order_buffer: Any = None
     if order is not None:
         array = np.array(order, dtype=np.int64)
         order_buffer = array.tobytes()[: len(array) * 8 - (3 if raw_bytes and order else 0)] if raw_bytes else array
     try:
-        offsets, data, _validity, nulls = _columns.pack_binary(items, order_buffer)
+        offsets, data, _validity, nulls = native.columns.pack_binary(items, order_buffer)
     except CLEAN:
         return
     assert len(offsets) >= 4 and nulls >= 0
@@ -298,21 +297,21 @@ def test_pack_binary_takes_any_items_and_order(items: list[Any], order: list[int
 
 @FAST
 @given(st.lists(st.binary(max_size=32), min_size=7, max_size=7), st.integers(-3, 40))
-def test_index_values_takes_any_buffers(buffers: list[bytes], inline_limit: int) -> None:
+def test_index_values_takes_any_buffers(native: Native, buffers: list[bytes], inline_limit: int) -> None:
     b = buffers
     try:
-        pairs = _columns.index_values(b[0], b[1], b[2], b[3], b[4], b[5], b[6], inline_limit)
+        pairs = native.columns.index_values(b[0], b[1], b[2], b[3], b[4], b[5], b[6], inline_limit)
     except CLEAN:
         return
     for key, value in pairs:
-        _runs.decode(key, value)  # what it makes passes its checksum
+        native.runs.decode(key, value)  # what it makes passes its checksum
 
 
 @FAST
 @given(st.lists(st.integers(-5, 40), max_size=10), st.binary(max_size=40))
-def test_latest_rows_takes_any_offsets(ends: list[int], data: bytes) -> None:
+def test_latest_rows_takes_any_offsets(native: Native, ends: list[int], data: bytes) -> None:
     try:
-        rows = np.frombuffer(_columns.latest_rows(np.array(ends, dtype=np.int32).tobytes(), data), dtype=np.int64)
+        rows = np.frombuffer(native.columns.latest_rows(np.array(ends, dtype=np.int32).tobytes(), data), dtype=np.int64)
     except CLEAN:
         return
     assert all(0 <= r < len(ends) - 1 for r in rows.tolist())
@@ -323,12 +322,12 @@ def test_latest_rows_takes_any_offsets(ends: list[int], data: bytes) -> None:
 @FAST
 @given(st.binary(max_size=40), st.lists(st.integers(-4, 50), max_size=8), st.integers(0, 40), st.integers(0, 8),
        st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
-def test_nh_fingerprints_takes_any_buffers(data: bytes, ends: list[int], words: int, out: int, first: int,
+def test_nh_fingerprints_takes_any_buffers(native: Native, data: bytes, ends: list[int], words: int, out: int, first: int,
                                            second: int) -> None:
     hi = np.zeros(out, dtype=np.uint64)
     lo = np.zeros(out, dtype=np.uint32)
     try:
-        _kernels.nh_fingerprints(data, np.array(ends, dtype=np.int64), np.arange(words, dtype=np.uint32),
+        native.kernels.nh_fingerprints(data, np.array(ends, dtype=np.int64), np.arange(words, dtype=np.uint32),
                                  first, second, hi, lo)
     except CLEAN:
         pass
@@ -337,7 +336,7 @@ def test_nh_fingerprints_takes_any_buffers(data: bytes, ends: list[int], words: 
 @FAST
 @given(st.integers(0, 8), st.integers(-2, 9), st.integers(0, 6), st.integers(0, 6), st.integers(0, 6),
        st.integers(-3, 10), st.integers(-3, 10), st.integers(0, 8))
-def test_table_kernels_take_any_sizes(rows: int, slots: int, n_hi: int, n_lo: int, n_rel: int, size: int,
+def test_table_kernels_take_any_sizes(native: Native, rows: int, slots: int, n_hi: int, n_lo: int, n_rel: int, size: int,
                                       capacity: int, n_out: int) -> None:
     table = np.zeros(2 * rows, dtype=np.uint64)
     hi = np.arange(1, n_hi + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
@@ -345,24 +344,24 @@ def test_table_kernels_take_any_sizes(rows: int, slots: int, n_hi: int, n_lo: in
     relative = np.arange(n_rel, dtype=np.int64)
     out64 = np.zeros(n_out, dtype=np.int64)
     out32 = np.zeros(n_out, dtype=np.uint32)
-    for call in (lambda: _kernels.insert_rows(table, slots, hi, lo, relative, size, capacity),
-                 lambda: _kernels.lookup_rows(table, slots, hi, lo, out64),
-                 lambda: _kernels.mapped_values(table, out32)):
+    for call in (lambda: native.kernels.insert_rows(table, slots, hi, lo, relative, size, capacity),
+                 lambda: native.kernels.lookup_rows(table, slots, hi, lo, out64),
+                 lambda: native.kernels.mapped_values(table, out32)):
         try:
             call()
         except CLEAN:
             pass
     with pytest.raises(CLEAN):
-        _kernels.insert_rows(b"\x00" * 16, 1, hi, lo, relative, 0, 1)  # a read-only table
+        native.kernels.insert_rows(b"\x00" * 16, 1, hi, lo, relative, 0, 1)  # a read-only table
 
 
 # -- the write buffer ---------------------------------------------------------------------------
 
-def test_write_buffer_misuse_raises() -> None:
+def test_write_buffer_misuse_raises(native: Native) -> None:
     with pytest.raises(RuntimeError):
-        WriteBuffer.__new__(WriteBuffer).put(b"k", b"v")  # type: ignore[no-untyped-call]  # never initialised
+        native.WriteBuffer.__new__(native.WriteBuffer).put(b"k", b"v")  # type: ignore[no-untyped-call]  # never initialised
     table = MemTable()
-    buffer = WriteBuffer(table, table.lock, lambda: 1, 0)
+    buffer = native.WriteBuffer(table, table.lock, lambda: 1, 0)
     with pytest.raises(TypeError):
         buffer.put(b"k")  # type: ignore[call-arg]
     with pytest.raises(TypeError):
@@ -381,10 +380,10 @@ def test_write_buffer_misuse_raises() -> None:
         buffer.put(b"k", b"v")
 
 
-def test_write_buffer_survives_a_front_that_deletes_the_columns() -> None:
+def test_write_buffer_survives_a_front_that_deletes_the_columns(native: Native) -> None:
     """Python code run inside put (the memtable's ``front``) deletes the columns and fails."""
     table = MemTable()
-    buffer: WriteBuffer
+    buffer: Any
 
     class Hostile:
         @property
@@ -393,7 +392,7 @@ def test_write_buffer_survives_a_front_that_deletes_the_columns() -> None:
             buffer.values = 7  # type: ignore[assignment]
             raise KeyError("no front")
 
-    buffer = WriteBuffer(Hostile(), table.lock, lambda: 1, 0)
+    buffer = native.WriteBuffer(Hostile(), table.lock, lambda: 1, 0)
     with pytest.raises(KeyError):
         buffer.put(b"k", b"v")
     assert not table.lock.locked()

@@ -10,6 +10,9 @@ from hypothesis import strategies as st
 
 from kvlog.format.columns import latest_rows
 
+#: Each test runs against the C extensions and against their Python twins.
+pytestmark = pytest.mark.usefixtures("native")
+
 
 def model(keys: list[bytes]) -> list[int]:
     last = {key: row for row, key in enumerate(keys)}

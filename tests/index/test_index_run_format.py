@@ -12,6 +12,9 @@ from kvlog.index import runs
 from kvlog.index.entry import encode_index_value
 from kvlog.index.runs import build_run, run_entries, run_find, run_length, runs_find, walk_run
 
+#: Each test runs against the C extensions and against their Python twins.
+pytestmark = pytest.mark.usefixtures("native")
+
 keys_st = st.lists(st.binary(min_size=1, max_size=6), min_size=0, max_size=40, unique=True)
 
 

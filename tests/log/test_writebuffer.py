@@ -1,4 +1,4 @@
-"""The compiled write buffer: one put appends a record, sets the memtable, counts its bytes."""
+"""The write buffer (compiled, and its Python twin): one put appends a record, sets the memtable, counts its bytes."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ from itertools import count
 import pytest
 
 from kvlog.index import MemTable
-from kvlog.log._writebuffer import WriteBuffer
+from kvlog.log import flusher
+
+#: Each test runs against the C extensions and against their Python twins.
+pytestmark = pytest.mark.usefixtures("native")
 
 
-def _buffer(memtable: object | None = None, overhead: int = 10) -> tuple[WriteBuffer, MemTable]:
+def _buffer(memtable: object | None = None, overhead: int = 10) -> tuple[flusher.WriteBuffer, MemTable]:
     table = MemTable()
     ticks = count(1_000)
-    buffer = WriteBuffer(memtable if memtable is not None else table, table.lock, lambda: next(ticks), overhead)
+    buffer = flusher.WriteBuffer(memtable if memtable is not None else table, table.lock, lambda: next(ticks), overhead)
     return buffer, table
 
 
@@ -64,7 +67,7 @@ def test_a_failed_put_releases_the_lock_and_takes_the_record_back() -> None:
         pass
 
     table = MemTable()
-    buffer = WriteBuffer(NoFront(), table.lock, lambda: 1, 0)
+    buffer = flusher.WriteBuffer(NoFront(), table.lock, lambda: 1, 0)
     with pytest.raises(AttributeError):
         buffer.put(b"a", b"1")
     assert not table.lock.locked()
@@ -81,7 +84,7 @@ def test_a_failing_clock_changes_nothing() -> None:
     def broken() -> int:
         raise OSError("no clock")
 
-    buffer = WriteBuffer(table, table.lock, broken, 0)
+    buffer = flusher.WriteBuffer(table, table.lock, broken, 0)
     with pytest.raises(OSError, match="no clock"):
         buffer.put(b"a", b"1")
     assert buffer.keys == [] and not table.lock.locked()
@@ -100,6 +103,6 @@ def test_put_waits_for_the_lock() -> None:
 
 
 def test_an_uninitialised_buffer_refuses_puts() -> None:
-    buffer = WriteBuffer.__new__(WriteBuffer)
+    buffer = flusher.WriteBuffer.__new__(flusher.WriteBuffer)
     with pytest.raises(RuntimeError, match="not initialised"):
         buffer.put(b"a", b"1")

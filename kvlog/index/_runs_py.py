@@ -1,0 +1,328 @@
+"""The key index's loops in Python: the twin of the compiled ``_runs`` (same functions, results
+and errors); :mod:`kvlog._native` picks one of them. :mod:`kvlog.index.runs` documents the
+layout of an index run, :mod:`kvlog.meta.cache` that of an index value.
+
+- index runs: :func:`build` packs rows of two Arrow binary columns into a run; :func:`find`
+  and :func:`find_first` look one key up by binary search; :func:`entries` lists the pairs of
+  a key range. A run is read in place (a view of an LMDB value): only what is returned is
+  copied.
+- index values: :func:`decode`, :func:`inline` and :func:`inline_prefix` check an entry's
+  CRC32C and take it apart.
+- :func:`check_lmdb` checks an LMDB data file's structure and every key-index entry in it
+  before LMDB itself reads a cache that may have been damaged.
+
+Nothing here trusts its input: every offset read from a run, an index value or an LMDB page
+is checked before it is followed, and damage raises ``ValueError`` (or, for
+:func:`check_lmdb`, is described in the string returned).
+
+This module does no I/O.
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+from typing import Any
+
+import crc32c as _crc32c
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["build", "check_lmdb", "crc32c", "decode", "entries", "find", "find_first", "inline",
+           "inline_prefix"]
+
+#: Any object with the buffer protocol: bytes, memoryview, a numpy array, an Arrow buffer.
+Buffer = Any
+
+RUN_MAGIC = 0x3252564B  # b"KVR2" read as a little-endian u32
+HEAD_BYTES = 15
+FLAG_INLINE = 1
+FLAG_LONG = 2
+DELETION_BYTES = 4
+MAX_DIRECT_KEY = 480
+BAD_RUN = "not an index run"
+BAD_ENTRY = "an index entry is malformed or fails its checksum"
+
+_U32 = struct.Struct("<I")
+_HEADER = struct.Struct("<II")
+_BODY = struct.Struct(">HQB")
+_crc = _crc32c.crc32c
+
+
+def crc32c(data: Buffer, value: int = 0, portable: bool = False, /) -> int:
+    """The CRC32C of ``data`` continuing from ``value`` (``portable`` changes nothing here)."""
+    return int(_crc(memoryview(data).cast("B"), operator.index(value) & 0xFFFFFFFF))
+
+
+def open_entry(lmdb_key: bytes, value: bytes) -> tuple[bytes, int, int, int, bytes | None] | None:
+    """``value`` checked against its LMDB key and taken apart: (user key, partition, offset,
+    flags, inline value or None); None if it is malformed or fails its CRC32C."""
+    n = len(value)
+    if n < HEAD_BYTES:
+        return None
+    flags = value[14]
+    if flags & ~(FLAG_INLINE | FLAG_LONG):
+        return None
+    pos = HEAD_BYTES
+    key = lmdb_key
+    if flags & FLAG_LONG:
+        if n - pos < 4:
+            return None
+        long_len = int.from_bytes(value[pos:pos + 4], "big")
+        pos += 4
+        if long_len > n - pos:
+            return None
+        key = value[pos:pos + long_len]
+        pos += long_len
+    inline_value: bytes | None = None
+    if flags & FLAG_INLINE:
+        inline_value = value[pos:]
+    elif pos != n:
+        return None
+    if _crc(value[4:], _crc(lmdb_key)) != int.from_bytes(value[:4], "big"):
+        return None
+    partition, offset, _flags = _BODY.unpack_from(value, 4)
+    return key, partition, offset, flags, inline_value
+
+
+def _bytes(obj: Buffer) -> bytes:
+    return obj if type(obj) is bytes else memoryview(obj).tobytes()
+
+
+def decode(lmdb_key: Buffer, value: Buffer, /) -> tuple[bytes, int, int, bytes | None]:
+    """An index value checked and taken apart: (key, partition, offset, inline value or None)."""
+    entry = open_entry(_bytes(lmdb_key), _bytes(value))
+    if entry is None:
+        raise ValueError(BAD_ENTRY)
+    key, partition, offset, _flags, inline_value = entry
+    return key, partition, offset, inline_value
+
+
+def inline(lmdb_key: Buffer, value: Buffer, /) -> bytes | None:
+    """An index value checked: its inline value, or None when the value is in a data file."""
+    entry = open_entry(_bytes(lmdb_key), _bytes(value))
+    if entry is None:
+        raise ValueError(BAD_ENTRY)
+    return entry[4]
+
+
+def inline_prefix(pairs: list[tuple[bytes, bytes]], /) -> list[tuple[bytes, bytes]]:
+    """The checked (key, inline value) pairs of the leading entries of ``pairs`` that are short
+    keys with inline values."""
+    if not isinstance(pairs, list):
+        raise TypeError("inline_prefix() takes a list of (key, value) pairs")
+    out: list[tuple[bytes, bytes]] = []
+    for pair in pairs:
+        if (not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], bytes)
+                or not isinstance(pair[1], bytes)):
+            raise TypeError("inline_prefix() takes (bytes, bytes) pairs")
+        key, value = pair
+        entry = open_entry(bytes(key), bytes(value))
+        if entry is None:
+            raise ValueError(BAD_ENTRY)
+        inline_value = entry[4]
+        if inline_value is None or entry[3] & FLAG_LONG:
+            break
+        out.append((key, inline_value))
+    return out
+
+
+# ---- index runs --------------------------------------------------------------------------------
+
+class Run:
+    """An index run's header checked: its tables and data fill the buffer exactly."""
+
+    __slots__ = ("data", "count", "key_bytes", "value_bytes", "keys_at", "values_at")
+
+    def __init__(self, buffer: Buffer) -> None:
+        data = memoryview(buffer).cast("B")
+        if len(data) < 8:
+            raise ValueError(BAD_RUN)
+        magic, count = _HEADER.unpack_from(data)
+        tables = 8 + 8 * count
+        if magic != RUN_MAGIC or tables > len(data):
+            raise ValueError(BAD_RUN)
+        self.data = data
+        self.count = count
+        self.key_bytes = _U32.unpack_from(data, 8 + 4 * (count - 1))[0] if count else 0
+        self.value_bytes = _U32.unpack_from(data, 8 + 4 * count + 4 * (count - 1))[0] if count else 0
+        if tables + self.key_bytes + self.value_bytes != len(data):
+            raise ValueError(BAD_RUN)
+        self.keys_at = tables
+        self.values_at = tables + self.key_bytes
+
+    def _span(self, table_at: int, i: int, total: int) -> tuple[int, int]:
+        start = _U32.unpack_from(self.data, table_at + 4 * (i - 1))[0] if i else 0
+        stop = _U32.unpack_from(self.data, table_at + 4 * i)[0]
+        if start > stop or stop > total:
+            raise ValueError(BAD_RUN)
+        return start, stop
+
+    def key(self, i: int) -> bytes:
+        start, stop = self._span(8, i, self.key_bytes)
+        return self.data[self.keys_at + start:self.keys_at + stop].tobytes()
+
+    def lower_bound(self, key: bytes) -> int:
+        """The first entry whose key is >= ``key`` (``count`` if none)."""
+        lo, hi = 0, self.count
+        while lo < hi:
+            mid = lo + (hi - lo) // 2
+            if self.key(mid) < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def entry(self, i: int) -> tuple[bytes, bytes]:
+        """Entry ``i``: its key and its checked value (``b""`` for a deletion)."""
+        key = self.key(i)
+        start, stop = self._span(8 + 4 * self.count, i, self.value_bytes)
+        value = self.data[self.values_at + start:self.values_at + stop].tobytes()
+        if not key or len(key) > MAX_DIRECT_KEY:
+            raise ValueError(BAD_RUN)
+        if len(value) == DELETION_BYTES:
+            if _crc(key) != int.from_bytes(value, "big"):
+                raise ValueError(BAD_ENTRY)
+            return key, b""
+        entry = open_entry(key, value)
+        if entry is None or entry[3] & FLAG_LONG:
+            raise ValueError(BAD_ENTRY)
+        return key, value
+
+    def lookup(self, key: bytes) -> bytes | None:
+        i = self.lower_bound(key)
+        if i < self.count and self.key(i) == key:
+            return self.entry(i)[1]
+        return None
+
+
+def find(run: Buffer, key: Buffer, /) -> bytes | None:
+    """The entry's value (``b""``: a deletion), or None when the run has no entry for ``key``."""
+    wanted = _bytes(key)
+    return Run(run).lookup(wanted)
+
+
+def find_first(runs: list[Any], key: Buffer, /) -> bytes | None:
+    """The entry of the first run (in list order) holding ``key``, or None."""
+    if not isinstance(runs, list):
+        raise TypeError("find_first() takes a list of runs")
+    wanted = _bytes(key)
+    for run in runs:
+        found = Run(run).lookup(wanted)
+        if found is not None:
+            return found
+    return None
+
+
+def _bound(bound: Buffer | None) -> bytes | None:
+    if bound is None:
+        return None
+    if isinstance(bound, str):
+        return bound.encode()
+    return _bytes(bound)
+
+
+def entries(run: Buffer, lower: Buffer | None, upper: Buffer | None, limit: int, reverse: bool, /
+            ) -> list[tuple[bytes, bytes]]:
+    """``(key, value)`` with ``lower <= key < upper`` (None: unbounded): at most ``limit``
+    (< 0: all) from the low end, or from the high end in descending order when ``reverse``."""
+    opened = Run(run)
+    low, high = _bound(lower), _bound(upper)
+    limit = operator.index(limit)
+    backwards = bool(reverse)
+    first = opened.lower_bound(low) if low is not None else 0
+    stop = opened.lower_bound(high) if high is not None else opened.count
+    stop = max(stop, first)
+    n = stop - first
+    if 0 <= limit < n:
+        n = limit
+    out: list[tuple[bytes, bytes]] = []
+    previous: bytes | None = None
+    for j in range(n):
+        key, value = opened.entry(stop - 1 - j if backwards else first + j)
+        if previous is not None and (previous <= key if backwards else previous >= key):
+            raise ValueError(BAD_RUN)
+        out.append((key, value))
+        previous = key
+    return out
+
+
+def check_lmdb(data: Buffer, index_name: Buffer, runs_name: Buffer, sealed_names: tuple[bytes, ...], /
+               ) -> str | None:
+    """None if an LMDB data file and kvlog's key index in it are whole, else what is not (see
+    :mod:`kvlog.index._runs_check_py`, imported when first called: it reads entries and runs
+    with this module's readers)."""
+    from kvlog.index._runs_check_py import check_lmdb as check
+
+    return check(data, index_name, runs_name, sealed_names)
+
+
+def _rows_in_bounds(ends: np.ndarray, rows: np.ndarray, size: int) -> np.ndarray:
+    start, stop = ends[rows], ends[rows + 1]
+    return (start >= 0) & (stop >= start) & (stop <= size)  # type: ignore[no-any-return]
+
+
+def build(key_ends: Buffer, key_data: Buffer, value_ends: Buffer, value_data: Buffer, rows: Buffer,
+          partitions: Buffer, positions: Buffer, live: Buffer, inline_limit: int, /) -> bytes:
+    """A run of ``rows`` of two binary columns, in strictly increasing key order; see
+    kvlog.index.runs."""
+    raw = [memoryview(b).cast("B") for b in (key_ends, key_data, value_ends, value_data, rows, partitions,
+                                                positions, live)]
+    kend_raw, kdata, vend_raw, vdata, rows_raw, parts_raw, pos_raw, live_raw = raw
+    limit = operator.index(inline_limit)
+    records = len(kend_raw) // 4 - 1
+    n = len(rows_raw) // 8
+    if (records < 0 or len(kend_raw) % 4 or len(vend_raw) % 4 or len(rows_raw) % 8
+            or len(vend_raw) // 4 - 1 != records or len(pos_raw) != 8 * n or len(parts_raw) != 2 * n
+            or len(live_raw) != n):
+        raise ValueError("build: buffers of different lengths")
+    kend = np.frombuffer(kend_raw, dtype=np.int32)
+    vend = np.frombuffer(vend_raw, dtype=np.int32)
+    row = np.frombuffer(rows_raw, dtype=np.int64)
+    inside = (row >= 0) & (row < records)
+    safe = np.where(inside, row, 0)
+    inside &= _rows_in_bounds(kend, safe, len(kdata)) & _rows_in_bounds(vend, safe, len(vdata))
+    klen = np.where(inside, kend[safe + 1].astype(np.int64) - kend[safe], 0)
+    good_len = (klen > 0) & (klen <= MAX_DIRECT_KEY)
+    bad = ~(inside & good_len)
+    checked = int(bad.argmax()) if bad.any() else n  # rows before the first bad one
+    if checked > 1:
+        keys = pa.Array.from_buffers(pa.binary(), records, [None, pa.py_buffer(kend_raw), pa.py_buffer(kdata)])
+        taken = keys.take(pa.array(row[:checked]))
+        ascending = pc.less(taken.slice(0, checked - 1), taken.slice(1))
+        if not ascending.to_numpy(zero_copy_only=False).all():
+            raise ValueError("build: keys not in strictly increasing order")
+    if checked < n:
+        if not inside[checked]:
+            raise ValueError("build: a row outside the columns")
+        raise ValueError("build: an empty key or a key longer than 480 bytes")
+    alive = np.frombuffer(live_raw, dtype=np.uint8) != 0
+    vlen = np.where(alive, vend[safe + 1].astype(np.int64) - vend[safe], 0) if n else np.zeros(0, np.int64)
+    inline_here = vlen <= limit
+    key_bytes = int(klen.sum())
+    value_bytes = int(np.where(alive, HEAD_BYTES + np.where(inline_here, vlen, 0), DELETION_BYTES).sum())
+    if key_bytes > 0xFFFFFFFF or value_bytes > 0xFFFFFFFF or n > 0xFFFFFFFF:
+        raise OverflowError("build: a run holds at most 4 GiB of keys and of values")
+    all_keys = kdata.tobytes()
+    all_values = vdata.tobytes()
+    key_parts: list[bytes] = []
+    value_parts: list[bytes] = []
+    for ks, ke, vs, ve, is_alive, is_inline, partition, offset in zip(
+            kend[row].tolist(), kend[row + 1].tolist(), vend[row].tolist(), vend[row + 1].tolist(),
+            alive.tolist(), inline_here.tolist(), np.frombuffer(parts_raw, dtype=np.uint16).tolist(),
+            np.frombuffer(pos_raw, dtype=np.uint64).tolist(), strict=True):
+        key = all_keys[ks:ke]
+        key_parts.append(key)
+        if is_alive:
+            if is_inline:
+                body = _BODY.pack(partition, offset, FLAG_INLINE) + all_values[vs:ve]
+            else:
+                body = _BODY.pack(partition, offset, 0)
+            value_parts.append(_crc(body, _crc(key)).to_bytes(4, "big") + body)
+        else:
+            value_parts.append(_crc(key).to_bytes(4, "big"))
+    key_end = np.cumsum([len(k) for k in key_parts], dtype=np.uint64).astype("<u4")
+    value_end = np.cumsum([len(v) for v in value_parts], dtype=np.uint64).astype("<u4")
+    return b"".join([_HEADER.pack(RUN_MAGIC, n), key_end.tobytes(), value_end.tobytes(), *key_parts,
+                     *value_parts])
