@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvlog.index import MemTable
-from kvlog.meta.cache import encode_index_value
+from kvlog.index.entry import encode_index_value
 from tests.native import MODULES, implementation
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SUBSET = [
-    "tests/store/test_store_api.py", "tests/store/test_store_index_runs.py", "tests/store/test_cache_damage.py",
+    "tests/store/test_store_api.py", "tests/index/test_store_index_runs.py", "tests/store/test_cache_damage.py",
     "tests/compaction/test_scenarios.py", "tests/log/test_log_basics.py",
 ]
 #: Left to ``make test-pure``: the random cache damage (50 s on the twins, most of this subset).
