@@ -10,6 +10,7 @@ documents that are not in the repository.
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -137,3 +138,29 @@ def test_no_text_cites_documents_outside_the_repository() -> None:
                 if pattern.search(line):
                     hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not hits, "\n".join(hits)
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` (``kvlog.x.y.name``) names a module or an attribute of one."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            target: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(target, name):
+                return False
+            target = getattr(target, name)
+        return True
+    return False
+
+
+def test_the_architecture_page_names_what_exists() -> None:
+    """Every file and every ``kvlog.…`` name docs/architecture.rst points a reader at exists."""
+    text = (ROOT / "docs" / "architecture.rst").read_text()
+    paths = set(re.findall(r"\b((?:kvlog|tests|spark_ext)/[\w/]+\.(?:py|rst))\b", text))
+    names = {name.rstrip(".") for name in re.findall(r"\bkvlog\.[a-z_][\w.]*", text)}
+    assert len(paths) >= 10 and len(names) >= 10, "the page points at the code"
+    assert sorted(p for p in paths if not (ROOT / p).is_file()) == []
+    assert sorted(n for n in names if not _resolves(n)) == []
