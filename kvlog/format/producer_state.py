@@ -80,8 +80,9 @@ def producer_to_json(state: ProducerState) -> dict[str, Any]:
 
 
 def producer_from_json(obj: Mapping[str, Any]) -> ProducerState:
-    """The state :func:`producer_to_json` encoded; raises KeyError, TypeError or ValueError
-    when ``obj`` is malformed (the caller names the damaged document)."""
+    """The state :func:`producer_to_json` encoded; raises KeyError, TypeError, ValueError,
+    IndexError or AttributeError when ``obj`` is malformed (the caller names the damaged
+    document)."""
     return ProducerState(
         producer_id=int(obj["id"]),
         epoch=int(obj["epoch"]),

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from kvlog.errors import KvlogError, ProducerError
+from kvlog.errors import CorruptDataError, KvlogError, ProducerError
 from kvlog.format.commit import BatchEntry, Commit, FileEntry
 from kvlog.format.producer_state import BatchMeta, ProducerState
 from kvlog.index import index_batches
+from kvlog.log.naming import commit_name
 from kvlog.log.producers import (
     accept_batch,
     check_batch,
@@ -257,7 +258,12 @@ def _apply_replace(txn: MetaTxn, commit: Commit, settings: ApplySettings, now: i
         if batches:
             txn.put_file(file.file_id, _live_file(file, batches, commit.version, (first_order, position)))
     for p, state in (commit.info.get("cleaner") or {}).items():
-        txn.put_cleaner(int(p), CleanerState.from_json(state))
+        try:
+            cleaner = CleanerState.from_json(state)
+            partition = int(p)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise CorruptDataError(commit_name(commit.version), f"malformed cleaner state for partition {p}") from None
+        txn.put_cleaner(partition, cleaner)
     return tuple(results)
 
 

@@ -69,7 +69,7 @@ def _decoded(decode: Callable[[Any], T], key: bytes | memoryview, value: bytes |
     obj = _json_in(key, value)
     try:
         return decode(obj)
-    except (KeyError, TypeError, ValueError, IndexError):
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):  # e.g. a list, not an object
         raise CacheDamage("a metadata value has the wrong shape", index_only=False) from None
 
 

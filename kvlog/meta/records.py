@@ -3,8 +3,8 @@
 The catalog stores each value as checksummed JSON (the same objects checkpoints hold);
 these classes are what every layer above :mod:`kvlog.meta` sees instead. Decoding
 happens once, when a value leaves LMDB or a checkpoint; a malformed value raises
-KeyError, TypeError or ValueError, which the caller reports as damage naming the
-cache or the checkpoint.
+KeyError, TypeError, ValueError, IndexError or AttributeError (JSON that is not an
+object), which the caller reports as damage naming the cache or the checkpoint.
 """
 
 from __future__ import annotations

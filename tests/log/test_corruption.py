@@ -11,6 +11,7 @@ import pytest
 import kvlog
 from kvlog.check import check_store
 from kvlog.errors import CorruptDataError, KvlogError
+from kvlog.format.commit import Commit, decode_commit, encode_commit
 from kvlog.log import Log
 from kvlog.log.naming import checkpoint_name, commit_name
 from kvlog.log.records import partition_for_key
@@ -183,3 +184,24 @@ def test_the_store_reports_a_corrupted_value_naming_the_file(tmp_path: Path) -> 
             store.get("big")
         assert info.value.name == batch.path
         assert isinstance(info.value, KvlogError)
+
+
+@pytest.mark.parametrize("cleaner", [{"0": None}, {"0": [1]}, {"0": {"checkpoint": None}}],
+                         ids=["null", "a list", "a null checkpoint"])
+def test_a_replace_commit_with_a_malformed_cleaner_state_is_refused_naming_it(
+    tmp_path: Path, make_log: Any, cleaner: dict[str, Any]
+) -> None:
+    """A ``replace`` commit whose cleaner state (in its info) is not the shape of one is corrupt
+    data naming the commit, as every other malformed field of a commit is: never a raw error."""
+    root = tmp_path / "root"
+    the_log = _build(make_log, root, tmp_path / "cache")
+    the_log.close()
+    # Commit 5 replaces nothing and adds nothing: only its cleaner state is read when applied.
+    name = commit_name(5)
+    previous = decode_commit(commit_name(4), (root / commit_name(4)).read_bytes())
+    commit = Commit(5, "c" * 32, previous.timestamp_ms, "replace", previous_id=previous.commit_id,
+                    info={"cleaner": cleaner})
+    (root / name).write_bytes(bytes(encode_commit(commit)))
+    with pytest.raises(CorruptDataError) as info:
+        make_log(root, tmp_path / "fresh-cache")
+    assert info.value.name == name

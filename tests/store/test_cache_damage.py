@@ -235,7 +235,17 @@ def test_an_lmdb_error_is_a_corrupt_data_error_and_the_cache_is_rebuilt(path: Pa
     _all_exact(again, SMALL)
 
 
-@pytest.mark.parametrize("damage", ["checksum", "json"])
+#: A batch directory value as damage leaves it: failing its checksum, JSON cut short, or sealed
+#: JSON of the wrong shape (an object missing its fields, or not an object at all).
+SPOILED_BATCH: dict[str, Callable[[bytes, bytes], bytes]] = {
+    "checksum": lambda key, value: _flip(value, 9),
+    "json": lambda key, value: seal(key, b'{"base": 0, "pa'),
+    "fields missing": lambda key, value: seal(key, b'{"base": 0}'),
+    "not an object": lambda key, value: seal(key, b"[]"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(SPOILED_BATCH))
 def test_damaged_metadata_found_while_opening_rebuilds_the_cache(path: Path, opened: list[kvlog.Store],
                                                                 damage: str) -> None:
     """Damage inside a value LMDB stores whole (a batch directory entry), found while the cache
@@ -248,11 +258,50 @@ def test_damaged_metadata_found_while_opening_rebuilds_the_cache(path: Path, ope
         with txn.cursor(db=dbs["batches"]) as cur:
             assert cur.first()
             key = bytes(cur.key())
-            value = _flip(bytes(cur.value()), 9) if damage == "checksum" else seal(key, b'{"base": 0, "pa')
+            value = SPOILED_BATCH[damage](key, bytes(cur.value()))
             txn.put(key, value, db=dbs["batches"])
         txn.put(b"index_ready", seal(b"index_ready", b"0"), db=dbs["meta"])  # the rebuild reads every batch
 
     _write(store, spoil)
+    store.close(flush=False)
+    again = kvlog.open(path, **SETTINGS)
+    opened.append(again)
+    _all_exact(again, SMALL)
+
+
+#: How each catalog database is read, and a sealed value of its that is JSON but not the shape
+#: of the value it holds.
+SHAPE_READS: dict[str, tuple[Callable[[Any], object], bytes]] = {
+    "batches": (lambda r: list(r.iter_batches(0, 0)) + list(r.iter_batches(1, 0)), b"[]"),
+    "files": (lambda r: list(r.iter_files()), b"7"),
+    "parts": (lambda r: list(r.iter_partitions()), b'"end"'),
+    "cleaner": (lambda r: list(r.iter_cleaner()), b"[1, 2]"),
+    "producers": (lambda r: list(r.iter_producers()), b'{"id": 1, "epoch": 0, "last_ms": 0, "parts": []}'),
+}
+
+
+@pytest.mark.parametrize("db", sorted(SHAPE_READS))
+def test_a_catalog_value_of_the_wrong_shape_is_corrupt_data(path: Path, opened: list[kvlog.Store],
+                                                            db: str) -> None:
+    """A sealed catalog value whose JSON has the wrong shape is damage like any other: the read
+    raises ``CorruptDataError`` naming the cache (never a raw Python error), and the next open
+    rebuilds the cache."""
+    store = kvlog.open(path, **SETTINGS)
+    opened.append(store)
+    _fill(store, SMALL)
+    store.compact(force=True)  # cleaner state for every partition holding records
+    read, shaped = SHAPE_READS[db]
+
+    def spoil(txn: Any, dbs: dict[str, Any]) -> None:
+        with txn.cursor(db=dbs[db]) as cur:
+            assert cur.first()
+            key = bytes(cur.key())
+        txn.put(key, seal(key, shaped), db=dbs[db])
+
+    _write(store, spoil)
+    with pytest.raises(CorruptDataError) as raised:
+        store.log.snapshot(read)
+    assert raised.value.name == store.log.env.name
     store.close(flush=False)
     again = kvlog.open(path, **SETTINGS)
     opened.append(again)
