@@ -23,6 +23,8 @@ class OptionalBuildExt(build_ext):
 
 
 COMPILE = ["-O3", "-std=c11"]
+#: The headers the key index's extensions include.
+INDEX_HEADERS = ["kvlog/index/_index_entry.h", "kvlog/_key_order.h", "kvlog/_crc32c.h"]
 
 setup(
     cmdclass={"build_ext": OptionalBuildExt},
@@ -33,6 +35,8 @@ setup(
         Extension("kvlog.format._columns", sources=["kvlog/format/_columns.c"],
                   depends=["kvlog/_key_order.h", "kvlog/_crc32c.h"], extra_compile_args=COMPILE),
         Extension("kvlog.index._runs", sources=["kvlog/index/_runs.c"],
-                  depends=["kvlog/_key_order.h", "kvlog/_crc32c.h"], extra_compile_args=COMPILE),
+                  depends=INDEX_HEADERS, extra_compile_args=COMPILE),
+        Extension("kvlog.index._cache_check", sources=["kvlog/index/_cache_check.c"],
+                  depends=INDEX_HEADERS, extra_compile_args=COMPILE),
     ],
 )

@@ -3,7 +3,7 @@ and once against its pure-Python twin.
 
 A test module that asks for it (``pytestmark = pytest.mark.usefixtures("native")`` or an
 argument) runs twice, ids ``c`` and ``python``; meanwhile every wrapper (kvlog.format.columns,
-kvlog.index, the flusher, the offset map's kernels) calls the implementation of
+kvlog.index and its cache check, the flusher, the offset map's kernels) calls the implementation of
 that run, and the test reaches the raw entry points through the returned :class:`Native`.
 """
 
@@ -22,6 +22,7 @@ MODULES = {
     "columns": ("kvlog.format._columns", "kvlog.format._columns_py", ["kvlog.format.columns._columns"]),
     "runs": ("kvlog.index._runs", "kvlog.index._runs_py",
              ["kvlog.index.runs._runs", "kvlog.index.entry._runs", "kvlog.index.tree._runs"]),
+    "cache_check": ("kvlog.index._cache_check", "kvlog.index._cache_check_py", ["kvlog.index.entry._cache_check"]),
     "writebuffer": ("kvlog.log._writebuffer", "kvlog.log._writebuffer_py", []),
 }
 
@@ -34,6 +35,7 @@ class Native:
     kernels: ModuleType
     columns: ModuleType
     runs: ModuleType
+    cache_check: ModuleType
     writebuffer: ModuleType
 
     @property

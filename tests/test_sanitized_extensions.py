@@ -1,12 +1,12 @@
 """The C extensions' tests again, against a build with AddressSanitizer.
 
 A read or write outside a buffer does not always crash; AddressSanitizer makes each one fail
-the run. The four extensions are compiled with ``-fsanitize=address`` into a copy of the
+the run. The five extensions are compiled with ``-fsanitize=address`` into a copy of the
 ``kvlog`` package in a temporary directory, and pytest runs, in a child process with
 ``libasan`` preloaded (the interpreter itself is not instrumented), the tests that drive them:
-the column and index-run tests, the malformed-input fuzzing of every entry point and decoder,
-the offset map's kernels and the write buffer (those tests run against the Python twins too,
-which need no sanitizer but do no harm). Leak checking is off: CPython keeps memory until
+the column and index-run tests, the malformed-input fuzzing of every entry point and decoder
+(the cache file check among them), the offset map's kernels and the write buffer (those tests
+run against the Python twins too, which need no sanitizer but do no harm). Leak checking is off: CPython keeps memory until
 exit on purpose.
 """
 
@@ -27,6 +27,7 @@ EXTENSIONS = {
     "kvlog/log/_writebuffer": "kvlog/log/_writebuffer.c",
     "kvlog/format/_columns": "kvlog/format/_columns.c",
     "kvlog/index/_runs": "kvlog/index/_runs.c",
+    "kvlog/index/_cache_check": "kvlog/index/_cache_check.c",
 }
 #: The tests that call the extensions (the other format tests are Python and pyarrow alone).
 TESTS = [
@@ -79,7 +80,8 @@ def test_extensions_under_address_sanitizer(tmp_path: Path) -> None:
     env.pop("KVLOG_PURE_PYTHON", None)  # the wrappers call the instrumented extensions
     # The child imports kvlog from the copy (the working directory is not the repository).
     where = subprocess.run(
-        [sys.executable, "-c", "import kvlog.index._runs as m, kvlog.format._columns as c; print(m.__file__, c.__file__)"],
+        [sys.executable, "-c", "import kvlog.index._runs as m, kvlog.index._cache_check as k, "
+         "kvlog.format._columns as c; print(m.__file__, k.__file__, c.__file__)"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )
     assert where.returncode == 0, where.stderr[-2000:]

@@ -2,7 +2,7 @@
 runs to the LMDB B-tree. :class:`KeyIndex` is its interface; the modules hold one concept each:
 
 ``keys``      user keys as LMDB keys, and scan ranges
-``entry``     index entries and their checksummed encoding
+``entry``     index entries and their checksummed encoding; the cache file's structural check
 ``memtable``  this process's writes not applied yet
 ``runs``      the format of an index run (one commit's sorted entries)
 ``pending``   the runs pending in LMDB: newest first, pinned, merged

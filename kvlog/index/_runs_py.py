@@ -8,12 +8,9 @@ layout of an index run, :mod:`kvlog.meta.cache` that of an index value.
   copied.
 - index values: :func:`decode`, :func:`inline` and :func:`inline_prefix` check an entry's
   CRC32C and take it apart.
-- :func:`check_lmdb` checks an LMDB data file's structure and every key-index entry in it
-  before LMDB itself reads a cache that may have been damaged.
 
-Nothing here trusts its input: every offset read from a run, an index value or an LMDB page
-is checked before it is followed, and damage raises ``ValueError`` (or, for
-:func:`check_lmdb`, is described in the string returned).
+Nothing here trusts its input: every offset read from a run or an index value is checked
+before it is followed, and damage raises ``ValueError``.
 
 This module does no I/O.
 """
@@ -29,8 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["build", "check_lmdb", "crc32c", "decode", "entries", "find", "find_first", "inline",
-           "inline_prefix"]
+__all__ = ["build", "crc32c", "decode", "entries", "find", "find_first", "inline", "inline_prefix"]
 
 #: Any object with the buffer protocol: bytes, memoryview, a numpy array, an Arrow buffer.
 Buffer = Any
@@ -246,16 +242,6 @@ def entries(run: Buffer, lower: Buffer | None, upper: Buffer | None, limit: int,
         out.append((key, value))
         previous = key
     return out
-
-
-def check_lmdb(data: Buffer, index_name: Buffer, runs_name: Buffer, sealed_names: tuple[bytes, ...], /
-               ) -> str | None:
-    """None if an LMDB data file and kvlog's key index in it are whole, else what is not (see
-    :mod:`kvlog.index._runs_check_py`, imported when first called: it reads entries and runs
-    with this module's readers)."""
-    from kvlog.index._runs_check_py import check_lmdb as check
-
-    return check(data, index_name, runs_name, sealed_names)
 
 
 def _rows_in_bounds(ends: np.ndarray, rows: np.ndarray, size: int) -> np.ndarray:

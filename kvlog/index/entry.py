@@ -25,9 +25,10 @@ from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key
 from kvlog.meta.env import SEALED_DBS, CacheDamage, LmdbEnv
 
 if TYPE_CHECKING:
-    from kvlog.index import _runs
+    from kvlog.index import _cache_check, _runs
 else:
     _runs = load("kvlog.index._runs", "kvlog.index._runs_py")
+    _cache_check = load("kvlog.index._cache_check", "kvlog.index._cache_check_py")
 
 __all__ = [
     "INDEX_HEAD_BYTES", "INLINE_FLAG", "IndexEntry", "check_cache_file", "decode_entry", "decode_index_value",
@@ -113,5 +114,5 @@ def check_cache_file(view: mmap.mmap) -> str | None:
     """The structural check of a whole LMDB cache file mapped at ``view`` (see
     :func:`kvlog.meta.env.check_lmdb_file`): every page of its B-trees, every key-index entry and
     index run, and every sealed value; None if whole, else the first damage found."""
-    found: str | None = _runs.check_lmdb(view, b"index", b"runs", tuple(name.encode() for name in SEALED_DBS))
+    found: str | None = _cache_check.check_lmdb(view, b"index", b"runs", tuple(name.encode() for name in SEALED_DBS))
     return found

@@ -1,4 +1,4 @@
-"""Malformed input to every entry point of the four C extensions and their Python twins: never a
+"""Malformed input to every entry point of the five C extensions and their Python twins: never a
 crash (each test runs against both, see the ``native`` fixture).
 
 Each call either returns a value or raises a clean error (``ValueError`` and its kin for bad
@@ -237,14 +237,14 @@ def lmdb_file(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
 
 def test_check_lmdb_passes_a_whole_file_and_finds_a_damaged_value(native: Native, lmdb_file: bytes) -> None:
-    assert native.runs.check_lmdb(lmdb_file, *NAMES) is None
+    assert native.cache_check.check_lmdb(lmdb_file, *NAMES) is None
     for needle in (b"key-00123", b'{"n": 123}'):  # an index entry's key; a sealed value
         at = lmdb_file.find(needle)
         damaged = bytearray(lmdb_file)
         damaged[at + 7] ^= 1  # LMDB's own structure still holds
-        assert native.runs.check_lmdb(bytes(damaged), *NAMES) is not None
+        assert native.cache_check.check_lmdb(bytes(damaged), *NAMES) is not None
     with pytest.raises(TypeError):
-        native.runs.check_lmdb(lmdb_file, b"index", b"runs", ("sealed",))
+        native.cache_check.check_lmdb(lmdb_file, b"index", b"runs", ("sealed",))
 
 
 @FAST
@@ -264,16 +264,16 @@ def test_check_lmdb_of_damaged_files(native: Native, lmdb_file: bytes, seed: int
             bad[at : at + length] = rng.bytes(length)
         else:
             bad[page * 4096 + int(rng.integers(0, 4096))] ^= 1 << int(rng.integers(0, 8))
-    result = native.runs.check_lmdb(bytes(bad), *NAMES)
+    result = native.cache_check.check_lmdb(bytes(bad), *NAMES)
     assert result is None or isinstance(result, str)
-    result = native.runs.check_lmdb(bytes(bad[: int(rng.integers(0, len(bad)))]), *NAMES)
+    result = native.cache_check.check_lmdb(bytes(bad[: int(rng.integers(0, len(bad)))]), *NAMES)
     assert result is None or isinstance(result, str)
 
 
 @FAST
 @given(st.binary(max_size=600))
 def test_check_lmdb_of_random_bytes(native: Native, data: bytes) -> None:
-    assert native.runs.check_lmdb(data, *NAMES) is not None
+    assert native.cache_check.check_lmdb(data, *NAMES) is not None
 
 
 # -- column loops -------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The check of an LMDB data file in Python: the twin of the compiled ``_runs.check_lmdb``
-(same result for every input); :mod:`kvlog.index._runs_py` exports it.
+"""The structural check of kvlog's LMDB cache file in Python: the twin of the compiled
+``_cache_check`` (same result for every input); :mod:`kvlog._native` picks one of them. It
+reads index entries and index runs with :mod:`kvlog.index._runs_py`'s readers.
 
 LMDB trusts its pages and may crash on garbage, and a damaged key would hide its entry from
 lookups: before LMDB reads a cache that may have been damaged, this walks LMDB 0.9's on-disk
