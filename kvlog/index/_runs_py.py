@@ -1,6 +1,6 @@
 """The key index's loops in Python: the twin of the compiled ``_runs`` (same functions, results
 and errors); :mod:`kvlog._native` picks one of them. :mod:`kvlog.index.runs` documents the
-layout of an index run, :mod:`kvlog.meta.cache` that of an index value.
+layout of an index run, :mod:`kvlog.index.entry` that of an index value.
 
 - index runs: :func:`build` packs rows of two Arrow binary columns into a run; :func:`find`
   and :func:`find_first` look one key up by binary search; :func:`entries` lists the pairs of
