@@ -25,7 +25,6 @@ from kvlog.index import STALE, IndexEntry, IndexReader
 from kvlog.log import Log, open_log
 from kvlog.log.flusher import Flusher
 from kvlog.log.records import Record, to_key, to_value
-from kvlog.meta import MetaReader, MetaTxn
 from kvlog.storage import Storage
 
 __all__ = ["Store", "WriteBatch", "open_store"]
@@ -90,7 +89,7 @@ class Store:
         self._flusher: Flusher | None = None
         self._compactor: Compactor | None = None
         if not log.read_only:
-            pid = producer_id if producer_id is not None else self._own_producer_id()
+            pid = producer_id if producer_id is not None else log.store_producer_id()
             with log.settle_deferred():  # opening never waits for the index runs to merge
                 producer = log.producer(pid)
             self._flusher = Flusher(log, producer.producer_id, producer.epoch, self._index.memtable)
@@ -99,22 +98,6 @@ class Store:
             self._compactor = Compactor(log)
             if self.config.background_compaction:
                 self._compactor.start()
-
-    def _own_producer_id(self) -> int:
-        raw = self.log.snapshot(lambda r: r.get_meta("store_producer_id"))
-        if raw:
-            return int(raw)
-        fresh = int.from_bytes(self.log.ids.token(8), "big") >> 1
-
-        def claim(txn: Any) -> int:
-            meta = MetaTxn(self.log.env, txn)
-            existing = meta.get_meta("store_producer_id")
-            if existing:
-                return int(existing)
-            meta.put_meta("store_producer_id", str(fresh).encode())
-            return fresh
-
-        return int(self.log.env.write(claim))
 
     # -- helpers ----------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -233,49 +216,9 @@ class Store:
         # lookup: look the key up again together with its batch, in one snapshot.
         def in_one_snapshot(r: IndexReader) -> Any:
             again = r.index_get(k)
-            return default if again is None else self._value_of(k, again, r)
+            return default if again is None else self.log.value_of(k, again, r)
 
         return self.log.snapshot(in_one_snapshot)
-
-    def _value_of(self, key: bytes, entry: IndexEntry, reader: MetaReader | None = None) -> bytes:
-        """The value of ``key`` at ``entry``, its batch looked up in ``reader`` (the entry's
-        snapshot). The record read must hold ``key``: an index or batch directory that points
-        elsewhere (damage the checksums missed) raises ``CorruptDataError``, never another
-        key's value."""
-        if entry.inline is not None:
-            return entry.inline
-        if reader is not None:
-            batch = reader.find_batch(entry.partition, entry.offset)
-        else:
-            batch = self.log.snapshot(lambda r: r.find_batch(entry.partition, entry.offset))
-        if batch is None:
-            from kvlog.errors import CorruptDataError
-
-            raise CorruptDataError(f"partition {entry.partition}", f"offset {entry.offset} is not live")
-        where = f"partition {entry.partition} offset {entry.offset}"
-        try:
-            records = self.log.read_batch(batch)
-            position = entry.offset - batch.base
-            if batch.present is not None:
-                from kvlog.format.bitmap import decode_offsets
-
-                present = decode_offsets(batch.path, batch.present)
-                if position not in present:  # never read a neighbour's value for a removed offset
-                    from kvlog.errors import CorruptDataError
-
-                    raise CorruptDataError(f"partition {entry.partition}", f"offset {entry.offset} is not live")
-                position = present.rank(position) - 1
-        except (KeyError, TypeError, ValueError) as e:  # a batch directory entry of the wrong shape
-            raise self.log.env.damaged(f"the batch directory entry of {where} is malformed ({e!r})",
-                                       index_only=False) from None
-        if not 0 <= position < records.num_rows or records.column(0)[position].as_py() != key:
-            raise self.log.env.damaged(f"the key index points a key at {where}, which holds another key",
-                                       index_only=True)
-        value = records.column(1)[position].as_py()
-        if not isinstance(value, bytes):
-            raise self.log.env.damaged(f"the key index points a key at {where}, a deletion",
-                                       index_only=True)
-        return value
 
     def scan(
         self, start: bytes | str | None = None, stop: bytes | str | None = None, *,
@@ -287,7 +230,7 @@ class Store:
         hi = None if stop is None else _bound(stop)
         pre = None if prefix is None else _bound(prefix)
         self._maybe_refresh()
-        return self._while_open(self._index.scan(lo, hi, pre, reverse, self._value_of))
+        return self._while_open(self._index.scan(lo, hi, pre, reverse, self.log.value_of))
 
     def _while_open(self, items: Iterator[_T]) -> Iterator[_T]:
         """``items`` until the store is closed: then :class:`StoreClosedError`, whatever the

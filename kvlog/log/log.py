@@ -31,15 +31,15 @@ import pyarrow as pa
 
 from kvlog.clock import Clock, IdSource
 from kvlog.config import StoreConfig
-from kvlog.errors import InvalidRecordError, StoreClosedError
+from kvlog.errors import CorruptDataError, InvalidRecordError, StoreClosedError
 from kvlog.format.commit import Commit, FileEntry
 from kvlog.format.identity import Identity
-from kvlog.index import IndexReader, KeyIndex, RebuildChunk
+from kvlog.index import IndexEntry, IndexReader, KeyIndex, RebuildChunk
 from kvlog.log import append, checkpoints, gc, producer_handle
 from kvlog.log.append import PendingBatch
 from kvlog.log.committer import Committer, OwnBatches
-from kvlog.log.producer_handle import Producer
-from kvlog.log.reader import BatchCache, records_of_batch
+from kvlog.log.producer_handle import Producer, claim_store_producer_id
+from kvlog.log.reader import BatchCache, records_of_batch, value_in_batch
 from kvlog.log.records import AppendResult, Record, partition_for_key
 from kvlog.log.replay import ApplySettings
 from kvlog.meta import CommitOutcome, LiveBatch, LmdbEnv, MetaReader, release_env
@@ -174,6 +174,26 @@ class Log:
                     return
                 yield from records_of_batch(batch, partition, self.batch_cache.get(batch), cursor, to_offset)
                 cursor = batch.last + 1
+
+    def value_of(self, key: bytes, entry: IndexEntry, reader: MetaReader | None = None) -> bytes:
+        """The value of ``key`` at its index ``entry`` (inline, or read from its batch, looked
+        up in ``reader``: the entry's snapshot). The record read must hold ``key``: an index or
+        batch directory that points elsewhere (damage the checksums missed) raises
+        ``CorruptDataError``, never another key's value."""
+        if entry.inline is not None:
+            return entry.inline
+        if reader is not None:
+            batch = reader.find_batch(entry.partition, entry.offset)
+        else:
+            batch = self.snapshot(lambda r: r.find_batch(entry.partition, entry.offset))
+        if batch is None:
+            raise CorruptDataError(f"partition {entry.partition}", f"offset {entry.offset} is not live")
+        return value_in_batch(self.env, key, entry, batch, self.read_batch(batch))
+
+    def store_producer_id(self) -> int:
+        """The producer id of this cache's stores: drawn once, kept in the cache, so a store
+        reopened on the same cache resumes its producer (and fences its former holder)."""
+        return claim_store_producer_id(self)
 
     def read_batch(self, batch: LiveBatch) -> pa.RecordBatch:
         """The records of a live batch (through the bounded cache)."""

@@ -20,11 +20,12 @@ from kvlog.errors import (
 from kvlog.format.commit import Commit
 from kvlog.log.append import PendingBatch, raise_refusal, to_record_batch
 from kvlog.log.records import AppendResult, validate_records
+from kvlog.meta import MetaTxn
 
 if TYPE_CHECKING:
     from kvlog.log.log import Log
 
-__all__ = ["Producer", "open_producer", "register_producer"]
+__all__ = ["Producer", "claim_store_producer_id", "open_producer", "register_producer"]
 
 
 class Producer:
@@ -104,3 +105,22 @@ def register_producer(the_log: Log, producer_id: int, epoch: int) -> None:
     )
     if outcome.refusal is not None:
         raise_refusal(outcome.refusal)
+
+
+def claim_store_producer_id(the_log: Log) -> int:
+    """The producer id of the stores of this cache: drawn once and kept in the cache (meta
+    ``store_producer_id``), so a store reopened on the same cache resumes its producer."""
+    raw = the_log.snapshot(lambda r: r.get_meta("store_producer_id"))
+    if raw:
+        return int(raw)
+    fresh = int.from_bytes(the_log.ids.token(8), "big") >> 1
+
+    def claim(txn: Any) -> int:
+        meta = MetaTxn(the_log.env, txn)
+        existing = meta.get_meta("store_producer_id")
+        if existing:
+            return int(existing)
+        meta.put_meta("store_producer_id", str(fresh).encode())
+        return fresh
+
+    return int(the_log.env.write(claim))

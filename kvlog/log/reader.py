@@ -1,4 +1,5 @@
-"""Reading batches from data files: one ranged read each, verified, through a bounded cache."""
+"""Reading batches from data files: one ranged read each, verified, through a bounded cache;
+and the records (or one key's value) they hold."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import pyarrow as pa
 from kvlog.errors import CorruptDataError
 from kvlog.format.bitmap import decode_offsets
 from kvlog.format.datafile import decode_batch
+from kvlog.index import IndexEntry
 from kvlog.log.records import Record
+from kvlog.meta import LmdbEnv
 from kvlog.meta.records import LiveBatch
 from kvlog.storage.base import Storage
 
-__all__ = ["BatchCache", "records_of_batch"]
+__all__ = ["BatchCache", "records_of_batch", "value_in_batch"]
 
 
 class BatchCache:
@@ -99,3 +102,25 @@ def records_of_batch(
         yield Record(partition, offset, stamps[i], keys[i], values[i])
 
 
+
+
+def value_in_batch(env: LmdbEnv, key: bytes, entry: IndexEntry, batch: LiveBatch,
+                   record_batch: pa.RecordBatch) -> bytes:
+    """The value of ``key`` at ``entry``'s offset in ``batch`` (whose records are
+    ``record_batch``). An offset compaction removed, or a record holding another key or a
+    deletion, is damage the checksums missed: ``CorruptDataError`` (the cache ``env`` marks its
+    key index for rebuild), never another key's value."""
+    where = f"partition {entry.partition} offset {entry.offset}"
+    position = entry.offset - batch.base
+    if batch.present is not None:
+        present = decode_offsets(batch.path, batch.present)
+        if position not in present:  # never read a neighbour's value for a removed offset
+            raise CorruptDataError(f"partition {entry.partition}", f"offset {entry.offset} is not live")
+        position = present.rank(position) - 1
+    if not 0 <= position < record_batch.num_rows or record_batch.column(0)[position].as_py() != key:
+        raise env.damaged(f"the key index points a key at {where}, which holds another key",
+                          index_only=True)
+    value = record_batch.column(1)[position].as_py()
+    if not isinstance(value, bytes):
+        raise env.damaged(f"the key index points a key at {where}, a deletion", index_only=True)
+    return value
