@@ -70,7 +70,8 @@ def _load_malloc_trim() -> Callable[[int], int] | None:
         return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
-    return trim  # type: ignore[no-any-return]
+    function: Callable[[int], int] = trim
+    return function
 
 
 _MALLOC_TRIM = _load_malloc_trim()

@@ -139,7 +139,7 @@ def read_batches(storage: Any, batches: Sequence[LiveBatch], *, whole_file: bool
         yield b, decode_batch(b.path, raw, loc)
 
 
-class _Reader(DataSourceReader):  # type: ignore[misc]
+class _Reader(DataSourceReader):
     def __init__(self, options: dict[str, str], view: str, internal: bool) -> None:
         self.uri = store_uri(options)
         self.storage_options = storage_options_from(options)
@@ -247,7 +247,7 @@ class _Reader(DataSourceReader):  # type: ignore[misc]
             ], schema=_LATEST_ARROW)
 
 
-class _Writer(DataSourceArrowWriter):  # type: ignore[misc]
+class _Writer(DataSourceArrowWriter):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.uri = store_uri(options)
         self.storage_options = storage_options_from(options)
@@ -337,7 +337,7 @@ class _Writer(DataSourceArrowWriter):  # type: ignore[misc]
 
 
 @dataclass
-class _Files(WriterCommitMessage):  # type: ignore[misc]
+class _Files(WriterCommitMessage):
     files: list[str]
 
 
@@ -349,7 +349,7 @@ def _as_bytes(column: pa.Array) -> list[bytes | None]:
     raise InvalidRecordError(f"kvlog keys and values are binary or string columns, not {column.type}")
 
 
-class KvlogDataSource(DataSource):  # type: ignore[misc]
+class KvlogDataSource(DataSource):
     """``spark.read.format("kvlog").option("view", "log" | "latest").load(uri)`` and append writes."""
 
     @classmethod
