@@ -124,7 +124,7 @@ def run_damage(seed: int, backend: Backend, workdir: Path, *, keep: bool = False
                 at = rng.randrange(len(data))
             data[at] ^= 1 << rng.randrange(8)
             raw.put(damaged, bytes(data))
-            world.log(f"flipped byte {at} of {damaged} (batch at {batch['pos']}+{batch['len']} of "
+            world.log(f"flipped byte {at} of {damaged} (batch at {batch.position}+{batch.length} of "
                       f"{len(data)} bytes)")
         raw.close()
         world.log(f"damaged {damaged} (cache warm: {warm})")
