@@ -161,14 +161,22 @@ def log_stats(log: Log) -> dict[str, Any]:
             batches = list(r.iter_batches(p, 0))
             count = sum(b.count for b in batches)
             records += count
+            cleaner = r.get_cleaner(p)
+            # Dirty: bytes at or past the cleaner's checkpoint (the planner's ratio before
+            # min_compaction_lag_ms holds back the newest batches).
+            data_bytes = sum(b.data_bytes for b in batches)
+            first_dirty = cleaner.checkpoint if cleaner is not None else 0
+            dirty_bytes = sum(b.data_bytes for b in batches if b.last >= first_dirty)
             partitions.append({
                 "partition": p,
                 "start_offset": batches[0].base if batches else r.partition_end(p),
                 "end_offset": r.partition_end(p),
                 "records": count,
                 "batches": len(batches),
-                "data_bytes": sum(b.data_bytes for b in batches),
-                "cleaner": _cleaner_json(r.get_cleaner(p)),
+                "data_bytes": data_bytes,
+                "dirty_bytes": dirty_bytes,
+                "dirty_ratio": dirty_bytes / data_bytes if data_bytes else 0.0,
+                "cleaner": _cleaner_json(cleaner),
             })
         return {
             "uri": log.storage.uri,

@@ -7,6 +7,7 @@ Settings that change the on-storage format (``partitions``) are persisted in
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -147,12 +148,25 @@ class StoreConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(settings) - known)
         if unknown:
-            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+            raise ConfigError(_unknown_message(unknown, sorted(known)))
         return dataclasses.replace(base or cls(), **settings)
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as a plain dict."""
         return dataclasses.asdict(self)
+
+
+def _unknown_message(unknown: list[str], known: list[str]) -> str:
+    """``unknown setting 'x' (did you mean 'y'?)``, one clause per unknown name.
+
+    The suggestion is the closest known name by :func:`difflib.get_close_matches`, when one
+    is close enough to be a typo.
+    """
+    clauses = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        clauses.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    return f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(clauses)}"
 
 
 def _is_int(value: object) -> bool:

@@ -1,0 +1,162 @@
+"""``stats``, ``check``, ``compact``, ``spark``, ``demo`` and ``bench``: looking after a store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from kvlog.cli.common import (
+    Subparsers,
+    add_store_arguments,
+    open_store,
+    settings_of,
+    storage_options_arg,
+    uri_arg,
+)
+from kvlog.cli.summary import render_stats
+
+__all__ = ["register"]
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from kvlog.clock import SystemClock
+
+    with open_store(args, create=False, read_only=True) as store:
+        stats = store.stats()
+        ratio = store.log.config.min_cleanable_dirty_ratio
+    if args.json:
+        print(json.dumps(stats, indent=2, sort_keys=True))
+    else:
+        sys.stdout.write(render_stats(stats, SystemClock().now_ms(), min_dirty_ratio=ratio))
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    with open_store(args, create=False, read_only=True) as store:
+        findings = store.check()
+    for line in findings:
+        print(line)
+    if findings:
+        print(f"kvlog: {len(findings)} problem(s) found", file=sys.stderr)
+        return 1
+    print("ok")
+    return 0
+
+
+def _cmd_compact(args: argparse.Namespace) -> int:
+    # A job needs no producer: opening a Store would take over (fence) the producer of an
+    # application using the same cache, so the compactor runs on the log alone.
+    from kvlog.compaction import Compactor
+    from kvlog.config import StoreConfig
+    from kvlog.log import open_log
+
+    config = StoreConfig.from_settings(**settings_of(args))
+    the_log = open_log(args.uri, create=False, storage_options=args.storage_options, config=config)
+    try:
+        report = Compactor(the_log).run_once(force=args.force)
+    finally:
+        the_log.close()
+    print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+    return 0
+
+
+def _cmd_spark(args: argparse.Namespace) -> int:
+    # kvlog never imports spark_ext; the command line is the one place that may (docs/architecture.rst).
+    try:
+        import spark_ext
+    except ImportError as e:
+        print(f"kvlog: the Spark extension needs pyspark: pip install 'kvlog[spark]' ({e})", file=sys.stderr)
+        return 1
+    options = args.storage_options
+    spark = spark_ext.get_session(args.master)
+    try:
+        if args.spark_command == "compact":
+            result: Any = spark_ext.compact(spark, args.uri, storage_options=options, force=args.force).to_dict()
+        elif args.spark_command == "materialize":
+            result = spark_ext.materialize(spark, args.uri, args.out, storage_options=options)
+        else:
+            result = spark_ext.rebuild_index(spark, args.uri, args.cache_dir, storage_options=options)
+    finally:
+        spark.stop()
+    print(json.dumps(result, indent=2, sort_keys=True, default=str))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from kvlog.demo import run_demo
+
+    materialize = None
+    if not args.no_spark:
+        # The Spark step comes from the command line, so kvlog itself never imports spark_ext.
+        import spark_ext
+
+        def materialize(uri: str, out: str) -> Any:
+            spark = spark_ext.get_session("local[2]")
+            spark.sparkContext.setLogLevel("ERROR")
+            try:
+                return spark_ext.materialize(spark, uri, out)
+            finally:
+                spark.stop()
+
+    result = run_demo(args.path, records=args.records, materialize=materialize)
+    return 1 if result.failures else 0
+
+
+_BENCH_POINTER = (
+    "kvlog: the benchmark suite is not installed with kvlog; from a source checkout run "
+    "`make bench` or `python -m benchmarks [--quick] [--only ID] [--out FILE]`"
+)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """Say where the benchmark suite is: it lives beside the library, in a source checkout."""
+    print(_BENCH_POINTER, file=sys.stderr)
+    return 2
+
+
+def register(sub: Subparsers) -> None:
+    """Add the commands that inspect, check and compact a store, and the Spark, demo and bench ones."""
+    p = sub.add_parser("stats", help="a short summary of the store (sizes, ages, dirty ratios, errors)")
+    add_store_arguments(p)
+    p.add_argument("--json", action="store_true", help="print every figure of Store.stats() as JSON")
+    p.set_defaults(func=_cmd_stats)
+    p = sub.add_parser("check", help="verify the store's invariants")
+    add_store_arguments(p)
+    p.set_defaults(func=_cmd_check)
+    p = sub.add_parser("compact", help="run one compaction job (with a progress bar on a terminal)")
+    add_store_arguments(p)
+    p.add_argument("--force", action="store_true", help="clean every partition even if none is eligible")
+    p.set_defaults(func=_cmd_compact)
+
+    spark = sub.add_parser("spark", help="cluster-sized work on Spark (local mode by default)")
+    spark_sub = spark.add_subparsers(dest="spark_command", required=True, metavar="JOB",
+                                     help="the Spark job to run")
+    for name, help_text in (("compact", "exact compaction on Spark"),
+                            ("materialize", "write the latest state as Parquet"),
+                            ("rebuild-index", "build the key index on Spark into a cache directory")):
+        p = spark_sub.add_parser(name, help=help_text)
+        p.add_argument("uri", type=uri_arg, help="the store: a directory, file:///abs/dir or s3://bucket/prefix")
+        if name == "materialize":
+            p.add_argument("out", help="output directory of the Parquet table")
+        if name == "rebuild-index":
+            p.add_argument("cache_dir", help="the LMDB cache directory to build")
+        if name == "compact":
+            p.add_argument("--force", action="store_true", help="clean every partition even if none is eligible")
+        p.add_argument("--master", help="Spark master, e.g. spark://127.0.0.1:7077 (default local[*])")
+        p.add_argument("--storage-options", type=storage_options_arg, metavar="JSON",
+                       help="JSON object of object-store options")
+        p.set_defaults(func=_cmd_spark)
+
+    p = sub.add_parser("demo", help="the end-to-end demo on a local store")
+    p.add_argument("--path", help="store directory (default: a new temporary directory)")
+    p.add_argument("--records", type=int, default=1_000_000, help="how many records to write (default 1000000)")
+    p.add_argument("--no-spark", action="store_true", help="skip the Spark materialization step")
+    p.set_defaults(func=_cmd_demo)
+    # The suite's own options are taken as given (``+`` is this parser's only option prefix),
+    # so any ``kvlog bench ...`` line gets the pointer to the suite, not a usage error.
+    p = sub.add_parser("bench", help="where the benchmark suite is (python -m benchmarks, in a checkout)",
+                       prefix_chars="+", add_help=False)
+    p.add_argument("suite_args", nargs="*", help=argparse.SUPPRESS)
+    p.set_defaults(func=_cmd_bench)

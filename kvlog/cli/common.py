@@ -1,0 +1,168 @@
+"""What every command shares: the parser class, a store's arguments, and opening the store."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import unquote, urlparse
+
+from kvlog.config import StoreConfig
+from kvlog.errors import ConfigError
+from kvlog.format.identity import IDENTITY_NAME
+
+__all__ = [
+    "Parser", "Subparsers", "one_line", "uri_arg", "storage_options_arg", "setting_arg",
+    "add_store_arguments", "open_store", "refuse_to_create", "writer_id",
+]
+
+#: The object :meth:`argparse.ArgumentParser.add_subparsers` returns, to which commands add parsers.
+Subparsers = Any
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``<prog>: error: <message>`` as one line (the usage is under ``--help``) and exit 2."""
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines too) as one space: an error stays one line."""
+    return " ".join(text.split())
+
+
+def _require_utf8(arg: str) -> None:
+    """A usage error naming where ``arg`` stops being UTF-8 text, if it does."""
+    try:
+        arg.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise argparse.ArgumentTypeError(f"{arg!r} is not valid UTF-8 (at character {e.start})") from None
+
+
+def uri_arg(arg: str) -> str:
+    """A store URI, refused before anything is created unless it is UTF-8 text.
+
+    The metadata cache and object stores need the location as text, so a path that is not
+    UTF-8 would fail only after its directory was made.
+    """
+    _require_utf8(arg)
+    return arg
+
+
+def storage_options_arg(text: str) -> dict[str, Any]:
+    """``--storage-options``: a JSON object in UTF-8, refused as a usage error otherwise."""
+    _require_utf8(text)
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+    if not isinstance(options, dict):
+        raise argparse.ArgumentTypeError(
+            f"must be a JSON object such as '{{\"region\": \"us-east-1\"}}', not {type(options).__name__}")
+    return options
+
+
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def setting_arg(text: str) -> tuple[str, Any]:
+    """``--set NAME=VALUE``: a :class:`~kvlog.config.StoreConfig` setting and its typed value.
+
+    The value is read as the setting's type: an integer (``1_000`` is allowed), a number, a
+    boolean (true/false, yes/no, on/off, 1/0), ``none`` for an optional setting, or text.
+    Ranges are checked when the store opens, all settings together.
+    """
+    name, sep, raw = text.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(StoreConfig)}
+    if name not in kinds:
+        unknown: dict[str, Any] = {name: raw}
+        try:
+            StoreConfig.from_settings(None, **unknown)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    kind, value = kinds[name], raw.strip()
+    try:
+        if "None" in kind and value.lower() == "none":
+            return name, None
+        if kind == "bool":
+            if value.lower() not in _TRUE + _FALSE:
+                raise ValueError("not true or false")
+            return name, value.lower() in _TRUE
+        if kind.startswith("int"):
+            return name, int(value)
+        if kind == "float":
+            return name, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name}={raw!r}: must be {kind.replace(' | None', ' or none')}") from None
+    return name, value
+
+
+def add_store_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments every store command takes: the URI, ``--storage-options`` and ``--set``."""
+    parser.add_argument("uri", type=uri_arg, help="the store: a directory, file:///abs/dir or s3://bucket/prefix")
+    parser.add_argument("--storage-options", type=storage_options_arg, metavar="JSON",
+                        help='JSON object of object-store options, e.g. \'{"region": "us-east-1"}\'')
+    parser.add_argument("--set", dest="settings", type=setting_arg, action="append", default=[],
+                        metavar="NAME=VALUE",
+                        help="a store setting (any StoreConfig field, e.g. cache_bytes=1_000_000); repeatable")
+
+
+def settings_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--set`` settings of a command (the last of a repeated name wins)."""
+    return dict(args.settings)
+
+
+def open_store(args: argparse.Namespace, **kwargs: Any) -> Any:
+    """The store a command works on; no background compaction unless ``--set`` asks for it."""
+    import kvlog
+
+    settings: dict[str, Any] = {"background_compaction": False, **settings_of(args), **kwargs}
+    return kvlog.open(args.uri, storage_options=args.storage_options, **settings)
+
+
+def _local_dir(uri: str) -> Path | None:
+    """The directory of a local store URI (a path or ``file:///abs/dir``); None for object stores.
+
+    A ``file://`` URI naming a host is left to :func:`kvlog.open`, which refuses it.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme == "":
+        return Path(uri)
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        return Path(unquote(parsed.path))
+    return None
+
+
+def refuse_to_create(uri: str, create: bool) -> str | None:
+    """Why a write must not make a store at ``uri``, or None when it may go on.
+
+    A write creates a store in a missing or empty directory, or anywhere with ``--create``;
+    an existing store (one with ``kvlog.json``) is written as is. Anything else is refused
+    before a file is made, so a mistyped path never turns a directory into a store.
+    Object-store prefixes are always written: the prefix is the store.
+    """
+    directory = _local_dir(uri)
+    if directory is None or create or not os.path.lexists(directory):
+        return None
+    if not directory.is_dir():
+        return f"{uri} is not a directory"
+    if (directory / IDENTITY_NAME).exists() or not any(directory.iterdir()):
+        return None
+    return (f"{uri} is not empty and is not a kvlog store (no {IDENTITY_NAME}): "
+            "give --create to make a store there anyway")
+
+
+def writer_id() -> int:
+    """A producer id of its own for a one-off command, so it never fences an application."""
+    from kvlog.clock import SystemIdSource
+
+    return int.from_bytes(SystemIdSource().token(8), "big") >> 1

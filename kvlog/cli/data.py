@@ -1,0 +1,161 @@
+"""``put``, ``get``, ``delete`` and ``scan``: keys and values in and out, byte for byte."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvlog.cli.common import (
+    Subparsers,
+    add_store_arguments,
+    open_store,
+    refuse_to_create,
+    writer_id,
+)
+from kvlog.cli.encoding import (
+    InputError,
+    arg_bytes,
+    escape_tsv,
+    from_hex,
+    json_record,
+    read_source,
+    write_bytes,
+)
+
+__all__ = ["register"]
+
+_HEX_HELP = "KEY, VALUE and key bounds given on the command line are hex digits (output is hex too)"
+
+
+def _argument(arg: str, what: str, as_hex: bool) -> bytes:
+    return from_hex(arg, what) if as_hex else arg_bytes(arg)
+
+
+def _inputs(args: argparse.Namespace, names: tuple[str, ...]) -> list[bytes]:
+    """The key (and value) of a command, from its positional arguments and ``--*-file`` options.
+
+    ``names`` is ``("KEY",)`` or ``("KEY", "VALUE")``; a name given by its file option takes
+    no positional argument. Files are read as raw bytes whatever ``--hex`` says. At most one
+    source may be stdin.
+    """
+    files = {"KEY": args.key_file, "VALUE": getattr(args, "value_file", None)}
+    if sum(1 for n in names if files[n] == "-") > 1:
+        raise InputError("--key-file - and --value-file - cannot both read stdin")
+    wanted = [n for n in names if files[n] is None]
+    given = list(args.items)
+    if len(given) != len(wanted):
+        from_files = [n for n in names if files[n] is not None]
+        if len(given) > len(wanted) and from_files:
+            both = from_files[-1]
+            raise InputError(f"give {both} as an argument or with --{both.lower()}-file, not both")
+        expected = " ".join(wanted) or "no positional argument"
+        raise InputError(f"expected {expected} after the URI, got {len(given)} argument(s)")
+    out: list[bytes] = []
+    for name in names:
+        if files[name] is None:
+            out.append(_argument(given.pop(0), name, args.hex))
+        else:
+            out.append(read_source(files[name], f"--{name.lower()}-file"))
+    return out
+
+
+def _cmd_put(args: argparse.Namespace) -> int:
+    key, value = _inputs(args, ("KEY", "VALUE"))  # read before anything is created
+    refusal = refuse_to_create(args.uri, args.create)
+    if refusal is not None:
+        print(f"kvlog: {refusal}", file=sys.stderr)
+        return 1
+    with open_store(args, producer_id=writer_id()) as store:
+        store.put(key, value, sync=True)
+    return 0
+
+
+def _cmd_get(args: argparse.Namespace) -> int:
+    (key,) = _inputs(args, ("KEY",))
+    with open_store(args, create=False, read_only=True) as store:
+        value = store.get(key)
+    if value is None:
+        print(f"kvlog: key not found: {escape_tsv(key)}", file=sys.stderr)
+        return 1
+    if args.format == "json":
+        write_bytes(json_record(key, value, as_hex=args.hex).encode("utf-8") + b"\n")
+    elif args.hex:
+        write_bytes(value.hex().encode("ascii") + b"\n")
+    else:
+        # The exact bytes, as ``cat`` would give them; a terminal gets a line break after a
+        # value that has none, so the prompt starts on a line of its own.
+        tail = b"\n" if sys.stdout.isatty() and not value.endswith(b"\n") else b""
+        write_bytes(value + tail)
+    return 0
+
+
+def _cmd_delete(args: argparse.Namespace) -> int:
+    (key,) = _inputs(args, ("KEY",))
+    with open_store(args, create=False, producer_id=writer_id()) as store:
+        store.delete(key, sync=True)
+    return 0
+
+
+def _cmd_scan(args: argparse.Namespace) -> int:
+    def bound(arg: str | None, what: str) -> bytes | None:
+        return None if arg is None else _argument(arg, what, args.hex)
+
+    prefix, start, stop = bound(args.prefix, "--prefix"), bound(args.start, "--start"), bound(args.stop, "--stop")
+    with open_store(args, create=False, read_only=True) as store:
+        for key, value in store.scan(start, stop, prefix=prefix, reverse=args.reverse):
+            if args.format == "json":
+                line = json_record(key, value, as_hex=args.hex)
+            elif args.hex:
+                line = f"{key.hex()}\t{value.hex()}"
+            else:
+                line = f"{escape_tsv(key)}\t{escape_tsv(value)}"
+            write_bytes(line.encode("utf-8") + b"\n")
+    return 0
+
+
+def _key_arguments(p: argparse.ArgumentParser, with_value: bool) -> None:
+    if with_value:
+        p.add_argument("items", nargs="*", metavar="KEY VALUE",
+                       help="the key and the value (leave out the one given with --key-file or --value-file)")
+        p.add_argument("--value-file", metavar="FILE",
+                       help="read the value's raw bytes from FILE ('-' reads stdin) instead of VALUE")
+    else:
+        p.add_argument("items", nargs="*", metavar="KEY", help="the key (left out with --key-file)")
+    p.add_argument("--key-file", metavar="FILE",
+                   help="read the key's raw bytes from FILE ('-' reads stdin) instead of KEY")
+    p.add_argument("--hex", action="store_true", help=_HEX_HELP)
+
+
+def register(sub: Subparsers) -> None:
+    """Add ``put``, ``get``, ``delete`` and ``scan`` to the command line."""
+    p = sub.add_parser("put", help="set a key (creates the store in a missing or empty directory)")
+    add_store_arguments(p)
+    _key_arguments(p, with_value=True)
+    p.add_argument("--create", action="store_true",
+                   help="create the store even in a directory that holds other files")
+    p.set_defaults(func=_cmd_put)
+
+    p = sub.add_parser("get", help="write a key's value to stdout (exit 1 if the key is missing)")
+    add_store_arguments(p)
+    _key_arguments(p, with_value=False)
+    p.add_argument("--format", choices=("raw", "json"), default="raw",
+                   help="raw: the value's bytes as stored (hex with --hex); json: one JSON object "
+                        "{\"key\": ..., \"value\": ...} (default raw)")
+    p.set_defaults(func=_cmd_get)
+
+    p = sub.add_parser("delete", help="delete a key of an existing store")
+    add_store_arguments(p)
+    _key_arguments(p, with_value=False)
+    p.set_defaults(func=_cmd_delete)
+
+    p = sub.add_parser("scan", help="print the keys and values in key order")
+    add_store_arguments(p)
+    p.add_argument("--prefix", help="only keys starting with these bytes")
+    p.add_argument("--start", help="only keys at or after this one")
+    p.add_argument("--stop", help="only keys before this one")
+    p.add_argument("--reverse", action="store_true", help="descending key order")
+    p.add_argument("--hex", action="store_true",
+                   help="--prefix, --start and --stop are hex digits, and keys and values are printed as hex")
+    p.add_argument("--format", choices=("tsv", "json"), default="tsv",
+                   help="tsv: key<TAB>value lines, escaped; json: one JSON object a line (default tsv)")
+    p.set_defaults(func=_cmd_scan)
