@@ -557,3 +557,52 @@ def test_stats_summary_shows_compaction_errors(tmp_path: Path) -> None:
 ])
 def test_ages(then: int | None, expected: str) -> None:
     assert age(then, 1_000_000) == expected
+
+
+DOCS_CLI = Path(__file__).resolve().parent.parent / "docs" / "cli.rst"
+
+
+def console_examples(text: str) -> list[list[tuple[str, str]]]:
+    """Each ``console`` block of a page as (command, expected output) pairs.
+
+    A line starting with ``$`` is a command; the lines after it, up to the next command,
+    are its expected output (stdout and stderr together); ``<BLANKLINE>`` is an empty line.
+    """
+    blocks: list[list[tuple[str, str]]] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        i += 1
+        if lines[i - 1].strip() != ".. code-block:: console":
+            continue
+        examples: list[tuple[str, list[str]]] = []
+        while i < len(lines) and (lines[i] == "" or lines[i].startswith("   ")):
+            line = lines[i][3:]
+            i += 1
+            if line.startswith("$ "):
+                examples.append((line[2:], []))
+            elif line:
+                examples[-1][1].append("" if line == "<BLANKLINE>" else line)
+        blocks.append([(command, "".join(f"{out}\n" for out in output)) for command, output in examples])
+    return blocks
+
+
+def test_console_examples_of_the_cli_page_run(tmp_path: Path) -> None:
+    """Every ``$ kvlog ...`` example of docs/cli.rst, run by bash in a new directory per
+    block, prints what the page shows (``...`` matches anything)."""
+    import doctest
+
+    blocks = console_examples(DOCS_CLI.read_text())
+    assert len(blocks) >= 6 and all(blocks)
+    env = {**os.environ, "PATH": f"{Path(KVLOG).parent}{os.pathsep}{os.environ['PATH']}"}
+    checker = doctest.OutputChecker()
+    for n, block in enumerate(blocks):
+        cwd = tmp_path / f"block{n}"
+        cwd.mkdir()
+        for command, expected in block:
+            done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT_S, check=False)
+            # A terminal shows a value without a final newline (``get``) on a line of its own.
+            shown = done.stdout if done.stdout.endswith("\n") or not done.stdout else done.stdout + "\n"
+            assert checker.check_output(expected, shown, doctest.ELLIPSIS), (
+                f"$ {command}\nexpected:\n{expected}got:\n{shown}")

@@ -46,8 +46,8 @@ def from_hex(arg: str, what: str) -> bytes:
     """``arg`` read as hex digits (``--hex``); spaces between bytes are allowed."""
     try:
         return bytes.fromhex(arg)
-    except ValueError as e:
-        raise InputError(f"{what} is not hex: {arg!r} ({e})") from None
+    except ValueError:
+        raise InputError(f"{what} is not hex: {arg!r} (two hex digits per byte)") from None
 
 
 def read_source(name: str, what: str) -> bytes:
