@@ -7,12 +7,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from tests.log.conftest import MakeLog
 
 from kvlog.clock import SystemClock
 from kvlog.config import StoreConfig
 from kvlog.errors import ConfigError, InvalidRecordError, StoreClosedError
 from kvlog.log import Log, Producer
+from tests.log.conftest import MakeLog
 
 
 def _append(log_: Log, producer: Producer, key: bytes) -> None:
