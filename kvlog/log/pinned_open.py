@@ -5,7 +5,8 @@ The pinned version gets a metadata cache of its own (next to the store's, under
 created (kept by GC while it exists) is loaded there, and the key index is rebuilt from the
 data files the checkpoint keeps. That log never applies later commits, so every read (get,
 scan, len, changes, offsets) answers as the store was at that version. A cache already
-loaded for that version is reused.
+loaded for that version (and the same commit there) is reused; the caches of deleted
+checkpoints stay until that directory is removed (they are derived data).
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvlog.errors import CheckpointNotFoundError
+from kvlog.errors import CheckpointNotFoundError, CorruptDataError
+from kvlog.format.commit import decode_commit
 from kvlog.index import check_cache_file
 from kvlog.log.checkpoints import load_checkpoint
 from kvlog.log.log import Log
+from kvlog.log.naming import commit_name
 from kvlog.meta import MetaTxn, NamedPin, NamedPins, acquire_env
 
 __all__ = ["open_pinned"]
@@ -45,9 +48,15 @@ def open_pinned(main: Log, name: str) -> Log:
 
 def _load(pinned: Log, version: int) -> None:
     """Load the metadata checkpoint of ``version`` and rebuild the key index, unless this
-    cache holds them already."""
+    cache holds them already (for the same commit at that version: a root restored from
+    another history gets a fresh load)."""
     uuid = pinned.identity.store_uuid.encode()
-    marker = f"{version}".encode()
+    name = commit_name(version)
+    try:
+        commit_id = decode_commit(name, pinned.storage.read(name)).commit_id
+    except FileNotFoundError:
+        raise CorruptDataError(name, "the commit a named checkpoint keeps is missing") from None
+    marker = f"{version}:{commit_id}".encode()
 
     def ready(r: Any) -> bool:
         return bool(r.get_meta("uuid") == uuid and r.get_meta(_LOADED) == marker
