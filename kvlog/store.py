@@ -348,7 +348,7 @@ class Store:
         return Consumer(self.log, group, partitions)
 
     def checkpoint(self, name: str) -> Checkpoint:
-        """Flush, then keep the store as it is now as the named checkpoint ``name``: in every
+        """Flush, then keep the store as it is at this moment as the named checkpoint ``name``: in every
         process, GC keeps what reading it needs until :meth:`delete_checkpoint`. Open it with
         ``kvlog.open(uri, read_only=True, checkpoint=name)``."""
         self._writer()
