@@ -1193,6 +1193,20 @@ def bench_store_recovery(ctx: Context) -> list[dict[str, Any]]:
 
 # -- the suite ----------------------------------------------------------------------------------
 
+def bench_consumer_poll(ctx: Context) -> dict[str, Any]:
+    """Consumer throughput (see :mod:`benchmarks.consumers`)."""
+    from benchmarks.consumers import bench_consumer_throughput
+
+    return bench_consumer_throughput(ctx)
+
+
+def bench_consumer_put_to_poll(ctx: Context) -> dict[str, Any]:
+    """Another process's sync put to poll (see :mod:`benchmarks.consumers`)."""
+    from benchmarks.consumers import bench_consumer_latency
+
+    return bench_consumer_latency(ctx)
+
+
 Step = tuple[str, str, int, str, Callable[[Context], "dict[str, Any] | list[dict[str, Any]]"]]
 
 STEPS: list[Step] = [
@@ -1205,6 +1219,9 @@ STEPS: list[Step] = [
     ("store.durable_threads", "store", 4, "durable writes/s, 16 threads", bench_store_durable_threads),
     ("store.memory", "store", 4, "peak RssAnon", bench_store_memory),
     ("store.recovery", "store", 4, "reopen + first get after kill -9", bench_store_recovery),
+    ("consumer.poll", "consumer", 18, "records/s through Consumer.poll", bench_consumer_poll),
+    ("consumer.latency", "consumer", 18, "put(sync=True) in another process -> poll",
+     bench_consumer_put_to_poll),
 ]
 
 

@@ -15,7 +15,10 @@ from typing import Any
 from kvlog.clock import Clock, IdSource, ManualClock, SeededIdSource, SystemClock, SystemIdSource
 from kvlog.compaction import CompactionReport
 from kvlog.config import StoreConfig
+from kvlog.consumer import Consumer
 from kvlog.errors import (
+    CheckpointExistsError,
+    CheckpointNotFoundError,
     CommitConflictError,
     CommitStateUnknownError,
     ConfigError,
@@ -32,13 +35,14 @@ from kvlog.errors import (
     StoreNotFoundError,
 )
 from kvlog.log import AppendResult, Log, Producer, Record
+from kvlog.log.pins_named import Checkpoint
 from kvlog.storage import Storage
 from kvlog.store import Store, WriteBatch, open_store
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AppendResult", "Clock", "CompactionReport", "CommitConflictError", "CommitStateUnknownError", "ConfigError",
+    "AppendResult", "Checkpoint", "CheckpointExistsError", "CheckpointNotFoundError", "Clock", "CompactionReport", "CommitConflictError", "CommitStateUnknownError", "ConfigError", "Consumer",
     "CorruptDataError", "IdSource", "InvalidRecordError", "KvlogError", "Log", "ManualClock",
     "OutOfOrderSequenceError", "Producer", "ProducerError", "ProducerFencedError", "ReadOnlyError",
     "Record", "SeededIdSource", "StorageBehindError", "StorageError", "Store", "StoreClosedError", "StoreConfig",
@@ -58,6 +62,7 @@ def open(  # noqa: A001 - the public name users call
     config: StoreConfig | None = None,
     ids: IdSource | None = None,
     producer_id: int | None = None,
+    checkpoint: str | None = None,
     **settings: Any,
 ) -> Store:
     """Open the store at ``uri`` (a directory, ``file:///abs/dir`` or ``s3://bucket/prefix``).
@@ -72,10 +77,11 @@ def open(  # noqa: A001 - the public name users call
     ``clock`` and ``ids`` inject time and randomness. ``producer_id`` names the
     store's producer (by default one is kept in the cache, so a reopen fences an
     older process of the same cache). Any :class:`StoreConfig` field may be given
-    as a keyword, or a whole ``config``.
+    as a keyword, or a whole ``config``. ``checkpoint`` (with ``read_only=True``)
+    opens the store exactly as it was at that named checkpoint (:meth:`Store.checkpoint`).
     """
     return open_store(
         uri, partitions=partitions, create=create, read_only=read_only, cache_dir=cache_dir,
         storage_options=storage_options, clock=clock, config=config, ids=ids,
-        producer_id=producer_id, **settings,
+        producer_id=producer_id, checkpoint=checkpoint, **settings,
     )

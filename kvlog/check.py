@@ -37,7 +37,8 @@ def check_store(log: Log, *, deep: bool = False) -> list[str]:
     except StorageBehindError as e:  # the next commit does not follow this cache's history
         findings.append(str(e))
         version = log.version
-    if log.storage.exists(commit_name(version + 1)):
+    # A log opened at a named checkpoint stays at its version by design.
+    if log.frozen_at is None and log.storage.exists(commit_name(version + 1)):
         findings.append(f"commit {version + 1} exists but the cache stopped at {version}")
     findings.extend(_check_newest_commit(log, version))
 

@@ -102,6 +102,8 @@ class StoreConfig:
     """Reads pick up other writers' commits at most this stale (0: check on every read)."""
     commit_retries: int = 50
     """How many times a commit is retried at a later version when other writers take it first."""
+    follow_interval_ms: int = 100
+    """How often a waiter (a consumer's ``poll``) looks for other processes' commits."""
 
     def __post_init__(self) -> None:
         def need(cond: bool, name: str, what: str) -> None:
@@ -122,6 +124,7 @@ class StoreConfig:
                 need(value in ("zstd", "lz4", "none"), f.name, "must be 'zstd', 'lz4' or 'none'")
             else:
                 need(_is_int(value) and value >= 0, f.name, "must be an integer >= 0")
+        need(self.follow_interval_ms >= 1, "follow_interval_ms", "must be >= 1")
         need(1 <= self.partitions <= 65535, "partitions", "must be between 1 and 65535")
         need(0.0 <= self.min_cleanable_dirty_ratio <= 1.0, "min_cleanable_dirty_ratio",
              "must be between 0 and 1")

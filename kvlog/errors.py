@@ -28,6 +28,8 @@ __all__ = [
     "CommitConflictError",
     "CommitStateUnknownError",
     "StorageError",
+    "CheckpointNotFoundError",
+    "CheckpointExistsError",
 ]
 
 
@@ -97,3 +99,11 @@ class CommitStateUnknownError(KvlogError):
 
 class StorageError(KvlogError):
     """The storage backend failed; the cause is chained. Usually worth retrying later."""
+
+
+class CheckpointNotFoundError(StoreNotFoundError):
+    """No named checkpoint of that name exists in the store (see ``Store.checkpoints()``)."""
+
+
+class CheckpointExistsError(KvlogError):
+    """A named checkpoint of that name exists already: delete it first, or choose another name."""

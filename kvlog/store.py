@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -20,10 +20,12 @@ from kvlog._native import active as native_active
 from kvlog.clock import Clock, IdSource
 from kvlog.compaction import CompactionReport, Compactor
 from kvlog.config import KEY_BYTES_LIMIT, StoreConfig
+from kvlog.consumer import Consumer
 from kvlog.errors import InvalidRecordError, ReadOnlyError, StoreClosedError
 from kvlog.index import STALE, IndexEntry, IndexReader
-from kvlog.log import Log, open_log
+from kvlog.log import Log, open_log, pins_named
 from kvlog.log.flusher import Flusher
+from kvlog.log.pins_named import Checkpoint
 from kvlog.log.records import Record, to_key, to_value
 from kvlog.storage import Storage
 
@@ -338,6 +340,33 @@ class Store:
         self._check_open()
         return self.log.gc()
 
+    # -- consumer groups and named checkpoints: kvlog.consumer, kvlog.log.pins_named -------------
+    def consumer(self, group: str, partitions: Iterable[int] | None = None) -> Consumer:
+        """A consumer of ``partitions`` (all by default) in consumer group ``group``, starting
+        at the group's committed offsets (see :class:`kvlog.Consumer`)."""
+        self._check_open()
+        return Consumer(self.log, group, partitions)
+
+    def checkpoint(self, name: str) -> Checkpoint:
+        """Flush, then keep the store as it is at this moment as the named checkpoint ``name``: in every
+        process, GC keeps what reading it needs until :meth:`delete_checkpoint`. Open it with
+        ``kvlog.open(uri, read_only=True, checkpoint=name)``."""
+        self._writer()
+        pins_named.check_name(name)
+        self.flush()
+        return pins_named.create(self.log, name)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """The named checkpoints, by name."""
+        self._check_open()
+        self._maybe_refresh()
+        return pins_named.listed(self.log)
+
+    def delete_checkpoint(self, name: str) -> None:
+        """Delete the named checkpoint ``name``; the next :meth:`gc` frees what only it kept."""
+        self._writer()
+        pins_named.delete(self.log, name)
+
     def close(self, *, flush: bool = True) -> None:
         """Flush (unless ``flush=False``: unflushed writes are dropped, as in a crash) and release everything."""
         if self._closed:
@@ -392,6 +421,7 @@ def open_store(
     config: StoreConfig | None = None,
     ids: IdSource | None = None,
     producer_id: int | None = None,
+    checkpoint: str | None = None,
     **settings: Any,
 ) -> Store:
     """Open or create a store; see :func:`kvlog.open`."""
@@ -400,7 +430,7 @@ def open_store(
         cfg = StoreConfig.from_settings(cfg, partitions=partitions)
     the_log = open_log(
         uri, create=create, partitions=partitions, read_only=read_only, cache_dir=cache_dir,
-        storage_options=storage_options, config=cfg, clock=clock, ids=ids,
+        storage_options=storage_options, config=cfg, clock=clock, ids=ids, checkpoint=checkpoint,
     )
     try:
         return Store(the_log, producer_id=producer_id)

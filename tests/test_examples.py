@@ -15,6 +15,7 @@ EXPECTED = {
     "basic_usage.py": "basic usage: done",
     "tail_changelog.py": "the rebuilt dict equals the store",
     "object_storage.py": "object storage: done",
+    "cache_rebuilder.py": "the rebuilt cache equals the store",
 }
 
 
@@ -34,6 +35,7 @@ def test_every_example_is_tested() -> None:
     [
         "basic_usage.py",
         "tail_changelog.py",
+        "cache_rebuilder.py",
         pytest.param("object_storage.py", marks=pytest.mark.s3),  # starts its own SeaweedFS
     ],
 )

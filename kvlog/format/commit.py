@@ -21,6 +21,13 @@ A commit is one of three kinds:
     condemns orphan data files (``remove`` lists their paths) before GC deletes
     them: a later commit that adds a condemned file is refused, so a commit can
     never make live a file that GC took, however slow its writer was.
+``offsets``
+    a consumer group's committed offsets (``info``: ``group`` and ``offsets``, partition ->
+    next offset to read); the later commit of a group wins.
+``pin`` / ``unpin``
+    create or delete a named checkpoint (``info``: ``name``; a pin also ``version``, the
+    version it keeps, and ``paths``, the data files live there). Replay refuses a pin of
+    a name that exists, or whose version is not the one just before it.
 
 Every commit may name the id of the commit it follows (``prev``): a reader
 whose cache applied another commit at the version before knows that storage
@@ -48,7 +55,7 @@ __all__ = [
     "file_from_json",
 ]
 
-COMMIT_KINDS = ("append", "replace", "producer", "gc")
+COMMIT_KINDS = ("append", "replace", "producer", "gc", "offsets", "pin", "unpin")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Checkpoints: the whole metadata at one version, so openers need not replay every commit.
 
 ``log/<v>.checkpoint.json`` holds the catalog (live files and batches, partition
-ends, producers, pending and condemned paths, cleaner state) as the cache had it
+ends, producers, pending and condemned paths, cleaner state, consumer groups' committed
+offsets, named checkpoints) as the cache had it
 after applying commit ``v``, and the id of that commit. A checkpoint is written
 after its commit and only while storage still holds the history the cache
 applied; an opener passes over a checkpoint whose commit is missing or another
@@ -20,7 +21,16 @@ from kvlog.format.commit import decode_commit
 from kvlog.format.envelope import decode_document, encode_document
 from kvlog.format.producer_state import producer_from_json, producer_to_json
 from kvlog.log.naming import LOG_PREFIX, checkpoint_name, commit_name, parse_log_name
-from kvlog.meta import CleanerState, LiveBatch, LiveFile, MetaReader, MetaTxn
+from kvlog.meta import (
+    CleanerState,
+    GroupOffsets,
+    LiveBatch,
+    LiveFile,
+    MetaReader,
+    MetaTxn,
+    NamedPin,
+    NamedPins,
+)
 from kvlog.storage import Storage
 
 if TYPE_CHECKING:
@@ -134,6 +144,8 @@ def _checkpoint_body(r: MetaReader) -> dict[str, Any]:
         "pending": dict(r.iter_pending()),
         "condemned": dict(r.iter_condemned()),
         "cleaner": cleaner,
+        "offsets": [[g, p, o] for g, p, o in GroupOffsets(r).every()],
+        "pins": {pin.name: pin.to_json() for pin in NamedPins(r).every()},
     }
 
 
@@ -153,6 +165,12 @@ def _load_checkpoint_body(meta: MetaTxn, name: str, body: dict[str, Any]) -> Non
             meta.put_pending(path, int(due))
         for path, at in body.get("condemned", {}).items():
             meta.put_condemned(path, int(at))
+        offsets = GroupOffsets(meta)
+        for group, p, offset in body.get("offsets", []):
+            offsets.put(str(group), int(p), int(offset))
+        pins = NamedPins(meta)
+        for pin_name, pin in body.get("pins", {}).items():
+            pins.put(NamedPin.from_json(str(pin_name), pin))
         meta.set_version(int(body["version"]))
         meta.set_last_commit_ms(int(body["last_commit_ms"]))
         meta.put_meta("checkpoint_version", str(int(body["version"])).encode())

@@ -37,6 +37,7 @@ from kvlog.index import runs_pending
 from kvlog.log.checkpoints import newest_checkpoint
 from kvlog.log.naming import commit_name
 from kvlog.log.replay import apply_commit, apply_stray
+from kvlog.log.waiting import CommitSignal
 from kvlog.meta import CommitOutcome, MetaTxn
 
 if TYPE_CHECKING:
@@ -61,6 +62,8 @@ class Committer:
         self._own: dict[str, OwnBatches] = {}
         self.commits_written = 0
         self.commits_applied = 0
+        #: Wakes :meth:`kvlog.log.log.Log.wait_for_commit` after every commit applied here.
+        self.signal = CommitSignal()
         #: Some appended data was compacted away before this cache indexed it: the key index is
         #: rebuilt once caught up.
         self.index_stale = False
@@ -128,6 +131,7 @@ class Committer:
             runs = the_log.env.write(work)
         if runs is not None:
             self.commits_applied += 1
+            self.signal.notify()
             self.index_stale = self.index_stale or bool(missing)
             if the_log.index.settle_due(runs):
                 the_log.settle_index()

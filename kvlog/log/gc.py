@@ -8,7 +8,9 @@ is refused when applied, so whichever lands first wins: the file becomes live an
 keeps it, or GC takes it and its writer learns that its commit was refused (and writes
 the file again, or discards the job). No commit ever makes live a file GC deleted,
 however long its writer was stalled. Commits older than the newest checkpoint by more
-than ``commit_retention_ms`` (storage time) go too.
+than ``commit_retention_ms`` (storage time) go too. Named checkpoints
+(:mod:`kvlog.log.pins_named`) keep the files live at their version and that version's
+metadata checkpoint and commit.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from kvlog.errors import ReadOnlyError
 from kvlog.format.commit import Commit
 from kvlog.log.naming import DATA_PREFIX, LOG_PREFIX, commit_name, parse_log_name
+from kvlog.log.pins_named import kept_log_names, pinned_paths
 from kvlog.meta import MetaTxn
 
 if TYPE_CHECKING:
@@ -41,8 +44,11 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
     deleted = {"replaced": 0, "orphans": 0, "commits": 0}
     pending = dict(the_log.snapshot(lambda r: list(r.iter_pending())))
     live_paths = set(the_log.snapshot(lambda r: [e.path for _fid, e in r.iter_files()]))
+    # Read after the pending paths: a pin this cache has not applied names only files live
+    # at a later version, never one pending here.
+    pinned = the_log.snapshot(pinned_paths)
     for path, due in pending.items():
-        if due <= now:
+        if due <= now and path not in pinned:
             storage.delete(path)
 
             def forget(txn: Any, path: str = path) -> None:
@@ -61,7 +67,7 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
     condemned = set(the_log.snapshot(lambda r: [path for path, _at in r.iter_condemned()]))
     candidates = []
     for info in storage.list(DATA_PREFIX):
-        if info.name in live_paths or info.name in pending or info.mtime_ms > horizon:
+        if info.name in live_paths or info.name in pending or info.name in pinned or info.mtime_ms > horizon:
             continue
         if info.name in condemned:
             storage.delete(info.name)  # condemned earlier; its deletion did not finish
@@ -71,13 +77,17 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
     if candidates:
         deleted["orphans"] += _collect_orphans(the_log, sorted(candidates))
     entries = [(parse_log_name(i.name), i) for i in storage.list(LOG_PREFIX)]
+    # Named checkpoints keep their metadata checkpoint and commit. Applying every commit
+    # listed first: a pin of a version older than a listed metadata checkpoint landed before it.
+    the_log.refresh()
+    kept = the_log.snapshot(kept_log_names)
     checkpoints = [v for parsed, _i in entries if parsed and parsed[1] == "checkpoint" for v in [parsed[0]]]
     if checkpoints:
         newest = max(checkpoints)
         newest_info = next(i for parsed, i in entries if parsed == (newest, "checkpoint"))
         horizon = newest_info.mtime_ms - config.commit_retention_ms
         for parsed, info in entries:
-            if parsed and parsed[0] < newest and info.mtime_ms < horizon:
+            if parsed and parsed[0] < newest and info.mtime_ms < horizon and info.name not in kept:
                 storage.delete(info.name)
                 deleted["commits"] += 1
     return deleted

@@ -35,7 +35,7 @@ from kvlog.errors import CorruptDataError, InvalidRecordError, StoreClosedError
 from kvlog.format.commit import Commit, FileEntry
 from kvlog.format.identity import Identity
 from kvlog.index import IndexEntry, IndexReader, KeyIndex, RebuildChunk
-from kvlog.log import append, checkpoints, gc, producer_handle
+from kvlog.log import append, checkpoints, gc, producer_handle, waiting
 from kvlog.log.append import PendingBatch
 from kvlog.log.committer import Committer, OwnBatches
 from kvlog.log.producer_handle import Producer, claim_store_producer_id
@@ -74,6 +74,9 @@ class Log:
         )
         self._metadata_only = replace(self._settings, maintain_index=False)
         self.maintain_index = maintain_index
+        #: Set on a log opened at a named checkpoint: the version it stays at (no commit after
+        #: it is applied; see :mod:`kvlog.log.pinned_open`).
+        self.frozen_at: int | None = None
         self._committer = Committer(self)
         #: Held while commits are applied: a reader holding it sees no apply in between.
         self.apply_lock = self._committer.apply_lock
@@ -203,12 +206,20 @@ class Log:
     def refresh(self) -> int:
         """Apply every commit that landed since the applied version; return the new version."""
         self.check_open()
+        if self.frozen_at is not None:
+            return self.frozen_at
         with self.apply_lock:
             version = self._committer.apply_landed()
             if self._committer.index_stale and self.maintain_index:
                 self.rebuild_index()  # some appended data was compacted away meanwhile
                 self._committer.index_stale = False
             return version
+
+    def wait_for_commit(self, after_version: int, timeout_s: float) -> int:
+        """Block until a commit newer than ``after_version`` is applied to this cache (this
+        process's commits wake it at once, other processes' are found every
+        ``follow_interval_ms``) or ``timeout_s`` passes; return the applied version."""
+        return waiting.wait_for_commit(self, self._committer.signal, after_version, timeout_s)
 
     def commit(self, build: Callable[[int], Commit], own: OwnBatches | None = None) -> CommitOutcome:
         """Write the commit ``build(version)`` at the next free version and return its outcome

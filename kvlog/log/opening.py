@@ -30,6 +30,8 @@ from kvlog.index import check_cache_file
 from kvlog.log.checkpoints import load_checkpoint, newest_checkpoint
 from kvlog.log.log import Log
 from kvlog.log.naming import commit_name
+from kvlog.log.pinned_open import open_pinned
+from kvlog.log.pins_named import check_name
 from kvlog.meta import MetaTxn, acquire_env, reset_env
 from kvlog.storage import Storage, is_local_uri, open_storage
 
@@ -60,12 +62,19 @@ def open_log(
     clock: Clock | None = None,
     ids: IdSource | None = None,
     maintain_index: bool = True,
+    checkpoint: str | None = None,
 ) -> Log:
     """Open (or create) the log at ``uri`` and bring its metadata cache up to date.
 
     ``maintain_index=False`` keeps the metadata only, leaving the key index to a bulk
     load (see ``spark_ext.rebuild_index``); such a cache is marked as having no index.
+    ``checkpoint`` (with ``read_only=True``) opens the log frozen at that named checkpoint
+    (:mod:`kvlog.log.pinned_open`).
     """
+    if checkpoint is not None:
+        if not read_only:
+            raise ConfigError("checkpoint= opens a store as it was: it needs read_only=True")
+        check_name(checkpoint)
     clock = clock or SystemClock()
     ids = ids or SystemIdSource()
     if isinstance(uri, Storage):
@@ -106,7 +115,16 @@ def open_log(
     except BaseException:
         the_log.close()
         raise
-    return the_log
+    if checkpoint is None:
+        return the_log
+    try:
+        pinned = open_pinned(the_log, checkpoint)
+    except BaseException:
+        the_log.close()
+        raise
+    pinned._owns_storage, the_log._owns_storage = the_log._owns_storage, False
+    the_log.close()
+    return pinned
 
 
 def _identity(

@@ -17,6 +17,9 @@ Invariants checked before anything changes (SlateDB-style, named):
 * ``files-not-collected``: a commit that adds a data file a ``gc`` commit
   condemned is refused whole (its writer writes the file again, or discards the
   job), so no commit ever makes live a file that GC deleted;
+* ``pin-follows-its-version``: a ``pin`` commit keeps the version just before it, so every
+  file it names is live when it lands (see :mod:`kvlog.log.pins_named`); ``pin-name-free``:
+  a name is pinned once;
 * ``follows-its-predecessor``: a commit naming another ``prev`` than the id of
   the commit before it was written after a gap and is refused whole
   (:func:`apply_stray`; the caller tells it from a cache that is itself behind).
@@ -33,7 +36,9 @@ from kvlog.errors import CorruptDataError, KvlogError, ProducerError
 from kvlog.format.commit import BatchEntry, Commit, FileEntry
 from kvlog.format.producer_state import BatchMeta, ProducerState
 from kvlog.index import index_batches
+from kvlog.log.group_offsets import apply_offsets
 from kvlog.log.naming import commit_name
+from kvlog.log.pins_named import apply_pin, pinned_paths
 from kvlog.log.producers import (
     accept_batch,
     check_batch,
@@ -91,6 +96,12 @@ def apply_commit(
         elif commit.kind == "replace":
             _check_not_collected(txn, commit)
             outcome = CommitOutcome(commit.version, batches=_apply_replace(txn, commit, settings, now))
+        elif commit.kind == "offsets":
+            _refuse_if(apply_offsets(txn, commit))
+            outcome = CommitOutcome(commit.version)
+        elif commit.kind in ("pin", "unpin"):
+            _refuse_if(apply_pin(txn, commit))
+            outcome = CommitOutcome(commit.version)
         elif commit.kind == "gc":
             condemned, kept = _apply_gc(txn, commit, now)
             outcome = CommitOutcome(commit.version, condemned=condemned, kept=kept)
@@ -112,6 +123,11 @@ class _Refused(KvlogError):
     """A replace whose inputs are gone, or that breaks an invariant."""
 
 
+def _refuse_if(reason: str | None) -> None:
+    if reason is not None:
+        raise _Refused(reason)
+
+
 class FileCollected(_Refused):
     """A commit adds a data file that a ``gc`` commit condemned (GC may have deleted it)."""
 
@@ -125,10 +141,11 @@ def _check_not_collected(txn: MetaTxn, commit: Commit) -> None:
 
 
 def _apply_gc(txn: MetaTxn, commit: Commit, now: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Condemn the orphans a ``gc`` commit names; a file that is live or pending is left alone.
+    """Condemn the orphans a ``gc`` commit names; a file that is live, pending or kept by a
+    named checkpoint is left alone.
     Returns the paths condemned and the paths kept."""
     live_paths = {entry.path for _fid, entry in txn.iter_files()}
-    pending = {path for path, _due in txn.iter_pending()}
+    pending = {path for path, _due in txn.iter_pending()} | pinned_paths(txn)
     condemned: list[str] = []
     kept: list[str] = []
     for path in commit.remove:

@@ -14,6 +14,10 @@ Databases (all rebuildable from the storage root):
 ``cleaner``   partition -> cleaner checkpoint and state
 ``condemned`` data-file path -> commit time at which a ``gc`` commit condemned it (an orphan
               that GC deletes; no later commit may make it live)
+``offsets``   (consumer group, partition) -> the group's committed offset
+              (:mod:`kvlog.meta.group_offsets`)
+``pins``      named checkpoint -> the version it pins and the data files live there
+              (:mod:`kvlog.meta.named_pins`)
 
 The key index (``index`` and ``runs``) is read and written by :mod:`kvlog.index`, which checks
 its own entries. The values of the other databases but ``pending`` and ``condemned`` are sealed

@@ -57,6 +57,7 @@ T = TypeVar("T")
 DB_NAMES = (
     "meta", "files", "batches", "parts", "producers", "outcomes", "pending", "index", "runs", "cleaner",
     "condemned",
+    "offsets", "pins",
 )
 
 _registry: dict[str, tuple[LmdbEnv, int]] = {}
@@ -76,7 +77,8 @@ _LMDB_FILES = ("data.mdb", "lock.mdb")
 #: cache of another layout is emptied when it is opened and rebuilt from storage.
 CACHE_LAYOUT = b"2"
 #: Databases whose values are sealed: checked by every read and by the check at open.
-SEALED_DBS = ("meta", "files", "batches", "parts", "producers", "outcomes", "cleaner")
+SEALED_DBS = ("meta", "files", "batches", "parts", "producers", "outcomes", "cleaner",
+              "offsets", "pins")
 _SEAL = struct.Struct(">I")
 #: Checks the structure of a whole cache file mapped in memory: every page of its B-trees and
 #: every value it can check; None if whole, else the first damage found.

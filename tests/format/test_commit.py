@@ -143,7 +143,7 @@ def test_file_entries_round_trip_through_json(entry: FileEntry) -> None:
 
 
 def test_commit_kinds() -> None:
-    assert COMMIT_KINDS == ("append", "replace", "producer", "gc")
+    assert COMMIT_KINDS == ("append", "replace", "producer", "gc", "offsets", "pin", "unpin")
 
 
 def test_short_field_names_of_a_batch_entry() -> None:

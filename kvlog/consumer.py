@@ -1,0 +1,182 @@
+"""Consumer groups: read the changelog from where a named group left off.
+
+A :class:`Consumer` reads the records of some partitions in offset order, from a position
+per partition. ``poll`` returns what is there past the positions, or waits for new commits
+(:meth:`kvlog.Log.wait_for_commit`) until records arrive or the timeout passes. ``commit``
+stores the positions as the group's committed offsets *in the store itself*, through the
+commit log (as Kafka keeps them in ``__consumer_offsets``): they survive restarts and the
+collection of old commits, and other processes see them once they refresh.
+
+A consumer starts at the group's committed offset of each partition, else at the partition's
+start (Kafka's ``auto.offset.reset=earliest``). A position below the start (compacted away)
+resumes at the start; offsets compaction removed are skipped. Two consumers of one group
+(in one process or several) are not coordinated: each reads what it is given and the later
+``commit`` wins.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from types import TracebackType
+
+from kvlog.errors import InvalidRecordError, StoreClosedError
+from kvlog.log import Log, Record
+from kvlog.log.group_offsets import check_group, commit_offsets, committed_offsets
+from kvlog.log.waiting import check_timeout
+
+__all__ = ["Consumer"]
+
+
+class Consumer:
+    """A member of consumer group ``group`` reading ``partitions`` (all by default).
+    Create with :meth:`kvlog.Store.consumer`."""
+
+    def __init__(self, log: Log, group: str, partitions: Iterable[int] | None = None) -> None:
+        log.check_open()
+        self._log = log
+        self.group = check_group(group)
+        if partitions is None:
+            chosen = list(range(log.partitions))
+        else:
+            if isinstance(partitions, str | bytes) or not isinstance(partitions, Iterable):
+                raise InvalidRecordError(f"partitions must be an iterable of ints, not {partitions!r}")
+            chosen = [log.check_partition(p) for p in partitions]
+            if not chosen or len(set(chosen)) != len(chosen):
+                raise InvalidRecordError(f"partitions must be distinct and at least one: {chosen!r}")
+        #: The partitions this consumer reads, in the order given.
+        self.partitions: tuple[int, ...] = tuple(chosen)
+        self._lock = threading.RLock()
+        self._closed = False
+        self._next = 0  # the partition a poll reads first, so every partition gets its turn
+        committed = committed_offsets(log, self.group)
+        self._positions = {p: committed[p] if p in committed else log.start_offset(p) for p in chosen}
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the consumer is closed")
+        self._log.check_open()
+
+    def _assigned(self, partition: int) -> int:
+        if (not isinstance(partition, int) or isinstance(partition, bool)
+                or partition not in self._positions):
+            raise InvalidRecordError(f"partition {partition!r} is not one of this consumer's "
+                                     f"{list(self.partitions)}")
+        return partition
+
+    def _fetch(self, max_records: int) -> list[Record]:
+        out: list[Record] = []
+        order = self.partitions[self._next:] + self.partitions[:self._next]
+        self._next = (self._next + 1) % len(self.partitions)
+        for p in order:
+            want = max_records - len(out)
+            if want <= 0:
+                break
+            position = self._positions[p]
+            for record in self._log.read(p, position):
+                out.append(record)
+                position = record.offset + 1
+                want -= 1
+                if want == 0:
+                    break
+            self._positions[p] = position
+        return out
+
+    # -- reading ----------------------------------------------------------------------------------
+    def poll(self, timeout_s: float = 1.0, max_records: int = 500) -> list[Record]:
+        """Up to ``max_records`` records past the positions, in offset order per partition,
+        advancing the positions. Returns at once when there are some; else waits up to
+        ``timeout_s`` seconds for commits that bring some (an empty list when none came)."""
+        timeout = check_timeout(timeout_s)
+        if not isinstance(max_records, int) or isinstance(max_records, bool) or max_records <= 0:
+            raise InvalidRecordError(f"max_records must be an integer > 0, not {max_records!r}")
+        monotonic_s = self._log.clock.monotonic_s
+        deadline = monotonic_s() + timeout
+        with self._lock:
+            while True:
+                self._check_open()
+                version = self._log.version
+                records = self._fetch(max_records)
+                remaining = deadline - monotonic_s()
+                if records or remaining <= 0:
+                    return records
+                if self._log.wait_for_commit(version, min(remaining, timeout)) <= version:
+                    return []
+
+    def __iter__(self) -> Iterator[Record]:
+        """Every record from the positions on, waiting for new ones forever (until closed)."""
+        while not self._closed:
+            try:
+                batch = self.poll()
+            except StoreClosedError:
+                if self._closed:
+                    return
+                raise
+            yield from batch
+
+    # -- positions --------------------------------------------------------------------------------
+    def position(self, partition: int) -> int:
+        """The offset the next record of ``partition`` is read from (at least its start offset)."""
+        with self._lock:
+            self._check_open()
+            p = self._assigned(partition)
+            start = self._log.start_offset(p)
+            if self._positions[p] < start:
+                self._positions[p] = start  # compacted away: resume at the start
+            return self._positions[p]
+
+    def seek(self, partition: int, offset: int) -> None:
+        """Read ``partition`` from ``offset`` on (past the end: wait for it; below the start:
+        from the start)."""
+        with self._lock:
+            self._check_open()
+            p = self._assigned(partition)
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+                raise InvalidRecordError(f"offset must be an integer >= 0, not {offset!r}")
+            self._positions[p] = offset
+
+    def seek_to_beginning(self, partitions: Iterable[int] | None = None) -> None:
+        """Read ``partitions`` (all of this consumer's by default) from their start offsets."""
+        with self._lock:
+            self._check_open()
+            if partitions is None:
+                chosen = list(self.partitions)
+            else:
+                if isinstance(partitions, str | bytes) or not isinstance(partitions, Iterable):
+                    raise InvalidRecordError(f"partitions must be an iterable of ints, not {partitions!r}")
+                chosen = [self._assigned(p) for p in partitions]
+            starts = {p: self._log.start_offset(p) for p in chosen}
+            self._positions.update(starts)
+
+    # -- committed offsets ------------------------------------------------------------------------
+    def commit(self) -> None:
+        """Store every position as the group's committed offset, durably, in the store (one
+        commit). On a read-only store: :class:`~kvlog.errors.ReadOnlyError`."""
+        with self._lock:
+            self._check_open()
+            commit_offsets(self._log, self.group, dict(self._positions))
+
+    def committed(self, partition: int) -> int | None:
+        """The group's committed offset of ``partition`` as this process's cache knows it
+        (``store.refresh()`` picks up other processes' commits); None: never committed."""
+        with self._lock:
+            self._check_open()
+            p = self._assigned(partition)
+        return committed_offsets(self._log, self.group).get(p)
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop consuming (positions not committed are dropped; call :meth:`commit` first)."""
+        self._closed = True
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"Consumer(group={self.group!r}, partitions={list(self.partitions)}, {state})"

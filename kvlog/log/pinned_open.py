@@ -1,0 +1,75 @@
+"""Opening a store at a named checkpoint: a read-only log frozen at the pinned version.
+
+The pinned version gets a metadata cache of its own (next to the store's, under
+``<cache>-checkpoints/<version>``): the metadata checkpoint written when the checkpoint was
+created (kept by GC while it exists) is loaded there, and the key index is rebuilt from the
+data files the checkpoint keeps. That log never applies later commits, so every read (get,
+scan, len, changes, offsets) answers as the store was at that version. A cache already
+loaded for that version (and the same commit there) is reused; the caches of deleted
+checkpoints stay until that directory is removed (they are derived data).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvlog.errors import CheckpointNotFoundError, CorruptDataError
+from kvlog.format.commit import decode_commit
+from kvlog.index import check_cache_file
+from kvlog.log.checkpoints import load_checkpoint
+from kvlog.log.log import Log
+from kvlog.log.naming import commit_name
+from kvlog.meta import MetaTxn, NamedPin, NamedPins, acquire_env
+
+__all__ = ["open_pinned"]
+
+_LOADED = "pinned_version"
+
+
+def open_pinned(main: Log, name: str) -> Log:
+    """A read-only log of ``main``'s storage frozen at checkpoint ``name`` (``main`` is
+    left open; the caller closes it). :class:`CheckpointNotFoundError` if there is none."""
+    pin: NamedPin | None = main.snapshot(lambda r: NamedPins(r).get(name))
+    if pin is None:
+        raise CheckpointNotFoundError(f"no checkpoint named {name!r} in {main.storage.uri}")
+    cache = Path(f"{main.env.path}-checkpoints") / str(pin.version)
+    env = acquire_env(cache, check_cache_file)
+    pinned = Log(main.storage, main.identity, env, main.config, main.clock, main.ids,
+                 read_only=True, owns_storage=False)
+    pinned.frozen_at = pin.version
+    try:
+        _load(pinned, pin.version)
+    except BaseException:
+        pinned.close()
+        raise
+    return pinned
+
+
+def _load(pinned: Log, version: int) -> None:
+    """Load the metadata checkpoint of ``version`` and rebuild the key index, unless this
+    cache holds them already (for the same commit at that version: a root restored from
+    another history gets a fresh load)."""
+    uuid = pinned.identity.store_uuid.encode()
+    name = commit_name(version)
+    try:
+        commit_id = decode_commit(name, pinned.storage.read(name)).commit_id
+    except FileNotFoundError:
+        raise CorruptDataError(name, "the commit a named checkpoint keeps is missing") from None
+    marker = f"{version}:{commit_id}".encode()
+
+    def ready(r: Any) -> bool:
+        return bool(r.get_meta("uuid") == uuid and r.get_meta(_LOADED) == marker
+                    and r.get_meta("index_ready") == b"1" and r.version() == version)
+
+    if pinned.snapshot(ready):
+        return
+
+    def start(txn: Any) -> None:
+        meta = MetaTxn(pinned.env, txn)
+        meta.clear()
+        meta.put_meta("uuid", uuid)
+
+    pinned.env.write(start)
+    load_checkpoint(pinned, version)  # the frozen log applies no later commit
+    pinned.env.write(lambda txn: MetaTxn(pinned.env, txn).put_meta(_LOADED, marker))

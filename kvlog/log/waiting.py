@@ -1,0 +1,84 @@
+"""Waiting for commits: block until a commit newer than a version is applied to this cache.
+
+A commit this process writes wakes waiters at once: the committer notifies :class:`CommitSignal`
+after every commit it applies. Commits of other processes are found by following the commit
+log: every ``follow_interval_ms`` the waiter looks for the next commit (``log/<v+1>.json``) and
+applies what landed (:meth:`kvlog.log.log.Log.refresh`). Nothing busy-waits: between looks the
+waiter sleeps on the signal's condition.
+
+The deadline is read from the injected clock. A clock that does not move by itself (a test's
+:class:`~kvlog.clock.ManualClock`) still ends the wait: the slept slices are counted too, and
+the wait ends when either says the timeout has passed.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import TYPE_CHECKING
+
+from kvlog.errors import InvalidRecordError
+
+if TYPE_CHECKING:
+    from kvlog.log.log import Log
+
+__all__ = ["CommitSignal", "check_timeout", "wait_for_commit"]
+
+
+class CommitSignal:
+    """Counts the commits applied to this process's cache and wakes whoever waits for one."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._applied = 0
+
+    def notify(self) -> None:
+        """One more commit was applied: wake every waiter."""
+        with self._cond:
+            self._applied += 1
+            self._cond.notify_all()
+
+    @property
+    def applied(self) -> int:
+        """How many commits were applied since the cache was opened (a waiter's ticket)."""
+        with self._cond:
+            return self._applied
+
+    def wait(self, seen: int, seconds: float) -> None:
+        """Sleep until a commit is applied after ticket ``seen``, or ``seconds`` pass."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._applied != seen, seconds)
+
+
+def check_timeout(timeout_s: float) -> float:
+    """``timeout_s`` as a float if it is a number >= 0, else :class:`InvalidRecordError`."""
+    if (not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool)
+            or math.isnan(timeout_s) or timeout_s < 0):
+        raise InvalidRecordError(f"timeout_s must be a number >= 0, not {timeout_s!r}")
+    return float(timeout_s)
+
+
+def wait_for_commit(the_log: Log, signal: CommitSignal, after_version: int, timeout_s: float) -> int:
+    """Block until a commit newer than ``after_version`` is applied to this cache, or
+    ``timeout_s`` passes; return the applied version (``<= after_version`` on a timeout)."""
+    if not isinstance(after_version, int) or isinstance(after_version, bool) or after_version < 0:
+        raise InvalidRecordError(f"after_version must be an integer >= 0, not {after_version!r}")
+    timeout = check_timeout(timeout_s)
+    the_log.check_open()
+    monotonic_s = the_log.clock.monotonic_s
+    deadline = monotonic_s() + timeout
+    interval = the_log.config.follow_interval_ms / 1000.0
+    slept = 0.0
+    while True:
+        seen = signal.applied
+        version = the_log.version
+        if version <= after_version:
+            version = the_log.refresh()  # commits of other processes that landed meanwhile
+        if version > after_version:
+            return version
+        remaining = min(deadline - monotonic_s(), timeout - slept)
+        if remaining <= 0:
+            return version
+        pause = min(interval, remaining)
+        signal.wait(seen, pause)
+        slept += pause
