@@ -35,7 +35,7 @@ from kvlog.format.commit import Commit, FileEntry, decode_commit, encode_commit
 from kvlog.format.datafile import decode_batch, make_record_batch
 from kvlog.index import runs_pending
 from kvlog.log.checkpoints import newest_checkpoint
-from kvlog.log.naming import commit_name
+from kvlog.log.naming import LOG_PREFIX, commit_name, parse_log_name
 from kvlog.log.replay import apply_commit, apply_stray
 from kvlog.log.waiting import CommitSignal
 from kvlog.meta import CommitOutcome, MetaTxn
@@ -282,15 +282,13 @@ class Committer:
             return
         storage = self._log.storage
         name = commit_name(previous)
+        own = commit_name(commit.version)
         try:
             follows = decode_commit(name, storage.read(name)).commit_id == commit.previous_id
         except FileNotFoundError:
-            # Commit GC removes only commits below the newest checkpoint: if one covers this
-            # commit, its predecessor was collected, not lost, and the commit is history.
-            follows = newest_checkpoint(storage) >= commit.version
+            follows = self._collected_after(commit, own)
         if follows:
             return
-        own = commit_name(commit.version)
         try:
             if decode_commit(own, storage.read(own)).commit_id == commit.commit_id:
                 storage.delete(own)
@@ -300,6 +298,35 @@ class Committer:
             name, f"is no longer the commit {own} follows (the storage root was restored while the "
             "commit was on its way); nothing was acknowledged: reopen the store to rebuild its cache",
         )
+
+    def _collected_after(self, commit: Commit, own: str) -> bool:
+        """Whether the missing predecessor of ``commit`` (which landed as ``own``) was collected
+        after ``commit`` landed, rather than before.
+
+        Commit GC removes only commits below a checkpoint, so a missing predecessor is covered by
+        a checkpoint at ``commit.version`` or later. Either that checkpoint was written by a cache
+        that applied ``commit`` (it is newer than ``own``: the commit is history every reader
+        crosses), or it already existed when ``commit`` was written: the version was a name GC
+        had freed, after the commit first written there was collected, and no reader that starts
+        from the checkpoint ever reads ``commit``. Storage times decide; a tie (stores that keep
+        whole seconds) leaves the outcome unknown and the commit unacknowledged.
+        """
+        storage = self._log.storage
+        listing = {info.name: info for info in storage.list(LOG_PREFIX)}
+        covering = [info.mtime_ms for name, info in listing.items()
+                    for parsed in [parse_log_name(name)]
+                    if parsed and parsed[1] == "checkpoint" and parsed[0] >= commit.version]
+        if not covering or own not in listing:
+            return False
+        first = min(covering)
+        landed = listing[own].mtime_ms
+        if first == landed:
+            raise CommitStateUnknownError(
+                f"commit {own} and a checkpoint covering it carry the same storage time: whether the "
+                "commit landed in a version commit GC had freed cannot be told; nothing was "
+                "acknowledged: reopen the store and read back what it holds"
+            )
+        return first > landed
 
     def _landed(self, name: str, commit_id: str, cause: StorageError) -> bool:
         """After a failed put-if-absent: whether our commit is there (re-read until known)."""

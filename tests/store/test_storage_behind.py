@@ -9,13 +9,16 @@ is still in storage before each commit, and every commit names the one before it
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from root_surgery import QUIET, copy_root, restore_root, write_past_a_backup
 
 import kvlog
-from kvlog.errors import StorageBehindError
+from kvlog.errors import CommitStateUnknownError, StorageBehindError
+from kvlog.log.naming import commit_name
 from kvlog.storage import LocalStorage
 from kvlog.storage.base import BytesLike
 
@@ -185,3 +188,50 @@ def test_gc_from_a_cache_ahead_of_a_restored_root_deletes_nothing(tmp_path: Path
     with kvlog.open(root, cache_dir=tmp_path / "fresh", **QUIET) as reader:
         assert [reader.get(f"k{i}".encode()) for i in range(20)] == [b"v"] * 20
         assert reader.check() == []
+
+
+class _OthersRunAheadOnCommit(LocalStorage):
+    """A real local storage that runs ``ahead`` once, just before the next commit is written:
+    a writer stalled between its checks and its put-if-absent while others moved on."""
+
+    ahead: Callable[[], None] | None = None
+
+    def put_if_absent(self, name: str, data: BytesLike) -> None:
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and name.startswith("log/") and name.endswith(".json"):
+            ahead()
+        super().put_if_absent(name, data)
+
+
+def test_a_commit_that_lands_in_a_version_commit_gc_freed_is_taken_back(tmp_path: Path) -> None:
+    """Another writer takes the stalled writer's version and more, checkpoints, and collects
+    the commits below the checkpoint (retention 0): the stalled writer's put-if-absent then
+    succeeds on a freed name, behind a checkpoint every reader starts from. Acknowledging it
+    would lose the write; it is taken back instead."""
+    root = tmp_path / "root"
+    storage = _OthersRunAheadOnCommit(root, fsync=False)
+    settings = dict(QUIET, checkpoint_interval=2, commit_retention_ms=0, file_delete_delay_ms=1_000)
+    store = kvlog.open(storage, cache_dir=tmp_path / "cache", **settings)
+
+    def others_run_ahead() -> None:
+        with kvlog.open(root, cache_dir=tmp_path / "other", **settings) as other:
+            for i in range(4):
+                other.put(f"o{i}".encode(), b"x", sync=True)
+            time.sleep(0.01)  # the checkpoint's storage time is after the commits it covers
+            other.log.write_checkpoint()
+            time.sleep(0.01)
+            assert other.gc()["commits"] > 0
+
+    try:
+        store.put(b"a", b"1", sync=True)
+        stalled_at = store.log.version + 1
+        storage.ahead = others_run_ahead
+        with pytest.raises((StorageBehindError, CommitStateUnknownError)) as raised:
+            store.put(b"lost", b"2", sync=True)  # never acknowledged
+        if raised.type is StorageBehindError:  # taken back: no stray commit in the freed name
+            assert not (root / commit_name(stalled_at)).exists()
+    finally:
+        store.close(flush=False)
+    with kvlog.open(root, cache_dir=tmp_path / "fresh", **QUIET) as fresh:
+        assert fresh.get(b"a") == b"1" and fresh.get(b"o3") == b"x"
+        assert fresh.check() == []
