@@ -9,7 +9,7 @@ benchmark suite runs: ``python -m benchmarks`` in a source checkout),
 
 Each command group is a module with a ``register(subparsers)`` function, listed once in
 :data:`COMMANDS`: :mod:`kvlog.cli.data` (put, get, delete, scan) and :mod:`kvlog.cli.admin`
-(stats, check, compact, spark, demo, bench). Byte input and the output formats are
+(stats, check, compact, spark, demo, bench), :mod:`kvlog.cli.consume` (consume). Byte input and the output formats are
 :mod:`kvlog.cli.encoding`; the ``stats`` summary is :mod:`kvlog.cli.summary`.
 """
 
@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from kvlog.cli import admin, data
+from kvlog.cli import admin, consume, data
 from kvlog.cli.common import Parser, Subparsers, one_line
 from kvlog.cli.encoding import InputError
 from kvlog.errors import KvlogError
@@ -28,7 +28,7 @@ from kvlog.errors import KvlogError
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 #: Every command group, in the order ``kvlog --help`` lists them.
-COMMANDS: tuple[Callable[[Subparsers], None], ...] = (data.register, admin.register)
+COMMANDS: tuple[Callable[[Subparsers], None], ...] = (data.register, consume.register, admin.register)
 
 
 def _version() -> str:
