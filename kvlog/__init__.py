@@ -32,6 +32,7 @@ from kvlog.errors import (
     StoreNotFoundError,
 )
 from kvlog.log import AppendResult, Log, Producer, Record
+from kvlog.snapshot import Snapshot
 from kvlog.storage import Storage
 from kvlog.store import Store, WriteBatch, open_store
 
@@ -41,7 +42,7 @@ __all__ = [
     "AppendResult", "Clock", "CompactionReport", "CommitConflictError", "CommitStateUnknownError", "ConfigError",
     "CorruptDataError", "IdSource", "InvalidRecordError", "KvlogError", "Log", "ManualClock",
     "OutOfOrderSequenceError", "Producer", "ProducerError", "ProducerFencedError", "ReadOnlyError",
-    "Record", "SeededIdSource", "StorageBehindError", "StorageError", "Store", "StoreClosedError", "StoreConfig",
+    "Record", "SeededIdSource", "Snapshot", "StorageBehindError", "StorageError", "Store", "StoreClosedError", "StoreConfig",
     "StoreNotFoundError", "SystemClock", "SystemIdSource", "WriteBatch", "open", "__version__",
 ]
 

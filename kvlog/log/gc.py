@@ -42,7 +42,8 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
     pending = dict(the_log.snapshot(lambda r: list(r.iter_pending())))
     live_paths = set(the_log.snapshot(lambda r: [e.path for _fid, e in r.iter_files()]))
     for path, due in pending.items():
-        if due <= now:
+        # A read view of this process may still read a file replaced after its commit.
+        if due <= now and not the_log.pins.protects(path):  # see kvlog.log.pins
             storage.delete(path)
 
             def forget(txn: Any, path: str = path) -> None:
