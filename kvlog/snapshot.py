@@ -134,19 +134,21 @@ class Snapshot:
         return self._while_open(view.scan(lo, hi, pre, reverse, self._log.value_of))
 
     def _while_open(self, items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
-        """``items`` until the snapshot is released: then :class:`StoreClosedError`, whatever
-        the ended read transaction would have raised."""
-        try:
-            for item in items:
-                if not self._release.alive:
-                    break
-                yield item
-            else:
+        """``items`` while the snapshot is open; once it is released, the next step raises
+        :class:`StoreClosedError`, whatever the ended read transaction would have raised."""
+        closed = StoreClosedError("the snapshot was closed while this iterator was in use")
+        while True:
+            if not self._release.alive:
+                raise closed
+            try:
+                item = next(items)
+            except StopIteration:
                 return
-        except Exception:
-            if self._release.alive:
-                raise
-        raise StoreClosedError("the snapshot was closed while this iterator was in use")
+            except Exception:
+                if self._release.alive:
+                    raise
+                raise closed from None
+            yield item
 
     def __getitem__(self, key: bytes | str) -> bytes:
         value = self.get(key, _MISSING)
