@@ -40,7 +40,8 @@ def to_keys(keys: Iterable[bytes | str]) -> list[bytes]:
     except TypeError:
         raise InvalidRecordError(
             f"get_many takes an iterable of keys, not {type(keys).__name__}") from None
-    return [to_key(key, KEY_BYTES_LIMIT) for key in items]
+    return [key if type(key) is bytes and 0 < len(key) <= KEY_BYTES_LIMIT else to_key(key, KEY_BYTES_LIMIT)
+            for key in items]
 
 
 def key_bound(value: bytes | str) -> bytes:

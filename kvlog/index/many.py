@@ -1,14 +1,14 @@
 """Reading many keys in one snapshot: the memtable's writes first, then the pending index runs,
 then the B-tree, all in one LMDB read transaction.
 
-Each distinct key is looked up once, in key order (the B-tree's pages are read in order, and
-its remaining keys with one cursor call); the values not inline are handed to the caller's
+The keys are looked up in the order given; the values not inline are handed to the caller's
 ``resolve`` together, so it can read each batch once however many of the keys it holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 from kvlog.index.entry import IndexEntry
 from kvlog.index.memtable import Tombstone
@@ -25,24 +25,21 @@ def lookup_many(reader: IndexReader, front: Mapping[bytes, bytes | Tombstone], k
                 resolve: ResolveMany) -> list[bytes | None]:
     """The values of ``keys`` (valid keys; duplicates allowed) in the order given, None for a
     key without one: ``front`` (unapplied writes) first, then ``reader``'s index."""
-    found: dict[bytes, bytes | None] = {}
-    ask: list[bytes] = []
-    for key in sorted(set(keys)):
+    ask = list(keys) if not front else [key for key in keys if key not in front]
+    held = reader.index_get_many(ask)
+    pending = [(key, h) for key, h in zip(ask, held, strict=True) if isinstance(h, IndexEntry)]
+    if not front and not pending:
+        return cast("list[bytes | None]", held)  # the common case: only values and None
+    found: dict[bytes, bytes | IndexEntry | None] = dict(zip(ask, held, strict=True))
+    if pending:  # values in data files, each batch read once
+        found.update(zip([key for key, _entry in pending], resolve(pending, reader), strict=True))
+    out: list[bytes | None] = []
+    for key in keys:
         value = front.get(key)
         if value is None:
-            ask.append(key)
+            answer = found[key]
+            assert not isinstance(answer, IndexEntry)
+            out.append(answer)
         else:
-            found[key] = value if type(value) is bytes else None  # else a tombstone
-    if ask:
-        pending: list[tuple[bytes, IndexEntry]] = []
-        for key, entry in zip(ask, reader.index_get_many(ask), strict=True):
-            if entry is None:
-                found[key] = None
-            elif entry.inline is not None:
-                found[key] = entry.inline
-            else:
-                pending.append((key, entry))
-        if pending:
-            for (key, _entry), value in zip(pending, resolve(pending, reader), strict=True):
-                found[key] = value
-    return [found[key] for key in keys]
+            out.append(value if type(value) is bytes else None)  # else a tombstone
+    return out
