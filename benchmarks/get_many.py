@@ -117,14 +117,18 @@ def bench_store_get_many(ctx: Context) -> dict[str, Any]:
         f"same records (raw mode, default options: WAL on, not synced; flushed to its SST files, "
         f"loaded in {rocks_load_s:.1f} s). The four run interleaved in each of "
         f"{max(3, s.repeats)} repeats, in the same process, on the same key lists; every answer "
-        f"of every call is checked once, untimed. Unit: keys read per second."
+        f"of every call is checked once, untimed. Unit: keys read per second. paired_ratios: kvlog's "
+        f"run i / the anchor's run i (the range of the ratio)."
     )
+    def anchor(key: str, name: str) -> dict[str, Any]:
+        paired = [k / a for k, a in zip(runs["kvlog"], runs[key], strict=True)]
+        return measurement(key, name, "keys/s", runs[key], paired_ratios=paired)
+
     return make_entry(
         "store.get_many", "store", 4, "get_many of 100 keys", method,
         measurement("kvlog", "kvlog get_many(100 keys)", "keys/s", runs["kvlog"]),
-        [measurement("kvlog_gets", "kvlog, 100 get calls", "keys/s", runs["kvlog_gets"]),
-         measurement("lmdb_getmulti", "py-lmdb Cursor.getmulti, a read txn per call", "keys/s",
-                     runs["lmdb_getmulti"]),
-         measurement("rocksdict", "rocksdict Rdict.get(list)", "keys/s", runs["rocksdict"])],
+        [anchor("kvlog_gets", "kvlog, 100 get calls"),
+         anchor("lmdb_getmulti", "py-lmdb Cursor.getmulti, a read txn per call"),
+         anchor("rocksdict", "rocksdict Rdict.get(list)")],
         seconds=perf_counter() - began, calls=calls, keys_per_call=KEYS_PER_CALL,
     )
