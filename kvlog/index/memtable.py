@@ -133,7 +133,8 @@ class MemTable:
             return picked
 
     def copy(self) -> MemTable:
-        """A memtable of its own holding every unapplied write as of now (a read view's)."""
+        """A memtable of its own holding every unapplied write at the time of the call (a read
+        view's)."""
         out = MemTable()
         with self.lock:
             out.front = dict(self._merged())
