@@ -16,7 +16,8 @@ Groups:
 ``store``
     buffered puts + flush vs py-lmdb (one transaction) and sqlite3
     (``executemany``, WAL, one transaction); random gets vs py-lmdb and a
-    dict; a full scan vs an LMDB cursor; durable writes from 16 threads vs
+    dict; ``get_many`` of 100 keys vs 100 gets, py-lmdb ``Cursor.getmulti`` and rocksdict
+    (:mod:`benchmarks.get_many`); a full scan vs an LMDB cursor; durable writes from 16 threads vs
     LMDB with one synced transaction per put; peak anonymous memory at two
     store sizes, each in a fresh process; reopening after the writer was
     killed (``kill -9``) in four states, a fresh process's ``kvlog.open`` +
@@ -50,6 +51,7 @@ import numpy as np
 import kvlog
 from benchmarks.children import child_env
 from benchmarks.data import KEY_BYTES, VALUE_BYTES, make_keys, make_values, median, percentiles
+from benchmarks.get_many import bench_store_get_many
 from benchmarks.machine import machine_info
 from benchmarks.recovery import (
     MID_FLUSH_KILL_FRACTIONS,
@@ -1216,6 +1218,7 @@ STEPS: list[Step] = [
     ("store.puts", "store", 4, "buffered puts + flush", bench_store_puts),
     ("store.gets", "store", 4, "random gets", bench_store_gets),
     ("store.scan", "store", 4, "full scan", bench_store_scan),
+    ("store.get_many", "store", 4, "get_many of 100 keys", bench_store_get_many),
     ("store.durable_threads", "store", 4, "durable writes/s, 16 threads", bench_store_durable_threads),
     ("store.memory", "store", 4, "peak RssAnon", bench_store_memory),
     ("store.recovery", "store", 4, "reopen + first get after kill -9", bench_store_recovery),
@@ -1269,7 +1272,7 @@ def run_suite(
     began = perf_counter()
     started = datetime.fromtimestamp(SystemClock().now_ms() / 1000, UTC)
     chosen = {st[0] for st in STEPS if not only or any(st[0].startswith(o) for o in only)}
-    if chosen & {"store.gets", "store.scan"}:
+    if chosen & {"store.gets", "store.scan", "store.get_many"}:
         chosen.add("store.puts")  # they read the store the puts benchmark leaves
     steps = [st for st in STEPS if st[0] in chosen]
     s3_missing = _seaweed_available() if settings.seaweedfs else "disabled by settings"

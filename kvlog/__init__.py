@@ -36,6 +36,7 @@ from kvlog.errors import (
 )
 from kvlog.log import AppendResult, Log, Producer, Record
 from kvlog.log.pins_named import Checkpoint
+from kvlog.snapshot import Snapshot
 from kvlog.storage import Storage
 from kvlog.store import Store, WriteBatch, open_store
 
@@ -45,7 +46,7 @@ __all__ = [
     "AppendResult", "Checkpoint", "CheckpointExistsError", "CheckpointNotFoundError", "Clock", "CompactionReport", "CommitConflictError", "CommitStateUnknownError", "ConfigError", "Consumer",
     "CorruptDataError", "IdSource", "InvalidRecordError", "KvlogError", "Log", "ManualClock",
     "OutOfOrderSequenceError", "Producer", "ProducerError", "ProducerFencedError", "ReadOnlyError",
-    "Record", "SeededIdSource", "StorageBehindError", "StorageError", "Store", "StoreClosedError", "StoreConfig",
+    "Record", "SeededIdSource", "Snapshot", "StorageBehindError", "StorageError", "Store", "StoreClosedError", "StoreConfig",
     "StoreNotFoundError", "SystemClock", "SystemIdSource", "WriteBatch", "open", "__version__",
 ]
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -27,12 +28,16 @@ from kvlog.log import Log, open_log, pins_named
 from kvlog.log.flusher import Flusher
 from kvlog.log.pins_named import Checkpoint
 from kvlog.log.records import Record, to_key, to_value
+from kvlog.snapshot import Snapshot, open_snapshot, to_keys
 from kvlog.storage import Storage
+from kvlog.views import StoreItems, StoreKeys, StoreValues
 
 __all__ = ["Store", "WriteBatch", "open_store"]
 
 _MISSING = object()
 _T = TypeVar("_T")
+#: Tombstones per write of :meth:`Store.clear`.
+_CLEAR_BATCH = 4096
 
 
 class WriteBatch:
@@ -71,8 +76,13 @@ class WriteBatch:
             self._store._write(self._records, sync=True)
 
 
-class Store:
-    """An open kvlog store. Create with :func:`kvlog.open`."""
+class Store(MutableMapping[bytes, bytes]):
+    """An open kvlog store. Create with :func:`kvlog.open`.
+
+    A :class:`collections.abc.MutableMapping` of bytes to bytes. Equality and hashing are
+    those of a handle (identity), not of the content: comparing two stores by content would
+    scan both; compare ``dict(a.items()) == dict(b.items())`` for that.
+    """
 
     def __init__(self, log: Log, *, producer_id: int | None = None) -> None:
         self.log = log
@@ -90,6 +100,7 @@ class Store:
         self._refresh_at = float('-inf')  # monotonic time of the next refresh due
         self._flusher: Flusher | None = None
         self._compactor: Compactor | None = None
+        self._snapshots: weakref.WeakSet[Snapshot] = weakref.WeakSet()
         if not log.read_only:
             pid = producer_id if producer_id is not None else log.store_producer_id()
             with log.settle_deferred():  # opening never waits for the index runs to merge
@@ -297,6 +308,125 @@ class Store:
         for key, _value in self.scan():
             yield key
 
+    def __reversed__(self) -> Iterator[bytes]:
+        """The keys in descending order, from one snapshot."""
+        for key, _value in self.scan(reverse=True):
+            yield key
+
+    def __eq__(self, other: object) -> bool:
+        return self is other  # a handle's identity; see the class docstring
+
+    def __hash__(self) -> int:
+        return object.__hash__(self)
+
+    def keys(self) -> StoreKeys:
+        """The keys, in key order; each iteration reads one snapshot."""
+        return StoreKeys(self)
+
+    def values(self) -> StoreValues:
+        """The values, in the order of their keys; each iteration reads one snapshot."""
+        return StoreValues(self)
+
+    def items(self) -> StoreItems:
+        """The ``(key, value)`` pairs, in key order; each iteration reads one snapshot."""
+        return StoreItems(self)
+
+    def update(self, other: Any = (), /, **kwargs: bytes | str) -> None:
+        """Put every pair of ``other`` (a mapping, or an iterable of ``(key, value)`` pairs) and
+        of ``kwargs``, later pairs winning. All are validated first: a bad one raises
+        :class:`InvalidRecordError` and nothing is written. Not durable until a flush, like
+        :meth:`put`."""
+        self._writer()
+        if isinstance(other, Mapping):
+            pairs: Any = other.items()
+        elif hasattr(other, "keys"):
+            pairs = ((k, other[k]) for k in other.keys())
+        else:
+            pairs = other
+        try:
+            iterator = iter(pairs)
+        except TypeError:
+            raise InvalidRecordError(
+                f"update takes a mapping or (key, value) pairs, not {type(other).__name__}") from None
+        records: list[tuple[bytes, bytes | None]] = []
+        for item in iterator:
+            if not isinstance(item, tuple | list) or len(item) != 2:
+                raise InvalidRecordError(f"update takes (key, value) pairs, not {item!r:.60}")
+            records.append(self._record(item[0], to_value(item[1])))
+        for key, value in kwargs.items():
+            records.append(self._record(key, to_value(value)))
+        if records:
+            self._write(records, sync=False)
+
+    def pop(self, key: bytes | str, default: Any = _MISSING) -> Any:
+        """Delete ``key`` and return its value; ``default`` if it has none (without a default:
+        ``KeyError``)."""
+        self._writer()
+        k = to_key(key, KEY_BYTES_LIMIT)
+        value = self.get(k, _MISSING)
+        if value is _MISSING:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        self.delete(k)
+        return value
+
+    def setdefault(self, key: bytes | str, default: bytes | str | None = None) -> bytes:
+        """The value of ``key``; if it has none, put ``default`` (a value: None is refused with
+        :class:`InvalidRecordError`) and return it as bytes."""
+        self._writer()
+        k = to_key(key, KEY_BYTES_LIMIT)
+        value = self.get(k, _MISSING)
+        if value is not _MISSING:
+            assert isinstance(value, bytes)
+            return value
+        record = self._record(k, to_value(default))
+        self._write([record], sync=False)
+        assert record[1] is not None
+        return record[1]
+
+    def popitem(self) -> tuple[bytes, bytes]:
+        """Delete the smallest key and return it with its value; ``KeyError`` when empty."""
+        self._writer()
+        for key, value in self.scan():
+            self.delete(key)
+            return key, value
+        raise KeyError("popitem(): the store is empty")
+
+    def clear(self) -> None:
+        """Delete every key present, from one snapshot of the keys, writing the deletions in
+        batches (not durable until a flush, like :meth:`delete`). Keys written meanwhile by
+        other threads or processes may stay."""
+        self._writer()
+        chunk: list[tuple[bytes, bytes | None]] = []
+        for key in self:
+            chunk.append(self._record(key, None))
+            if len(chunk) >= _CLEAR_BATCH:
+                self._write(chunk, sync=False)
+                chunk = []
+        if chunk:
+            self._write(chunk, sync=False)
+
+    # -- many keys, snapshots ---------------------------------------------------------------------
+    def get_many(self, keys: Iterable[bytes | str]) -> list[bytes | None]:
+        """The values of ``keys`` in the order given (None: no value), all from one snapshot:
+        this process's unapplied writes, then the key index, then the data files, each batch
+        read once. Duplicates are allowed; a bad key raises :class:`InvalidRecordError` before
+        anything is read."""
+        self._check_open()
+        wanted = to_keys(keys)
+        self._maybe_refresh()
+        return self._index.get_many(wanted, self.log.values_of)
+
+    def snapshot(self) -> Snapshot:
+        """A read view pinned at the applied commit with this process's writes made before it
+        (see :class:`kvlog.Snapshot`); close it, or use it in a ``with`` block."""
+        self._check_open()
+        self._maybe_refresh()
+        snap = open_snapshot(self.log)
+        self._snapshots.add(snap)
+        return snap
+
     # -- maintenance ------------------------------------------------------------------------------
     def check(self) -> list[str]:
         """Invariants verified against storage; an empty list when the store is consistent."""
@@ -383,6 +513,8 @@ class Store:
                     self._flusher.discard()
         finally:
             self._closed = True
+            for snap in list(self._snapshots):
+                snap.close()  # a snapshot left open is released with the store
             self._index.release()
             self.log.close()
 

@@ -27,7 +27,7 @@ LAYERS: dict[str, int] = {
     "meta": 3,
     "index": 4,
     "log": 5,
-    "compaction": 6, "check": 6, "consumer": 6,
+    "compaction": 6, "check": 6, "consumer": 6, "snapshot": 6, "views": 6,
     "store": 7,
     "aio": 8, "demo": 8, "testing": 8, "__init__": 8,
     "cli": 9, "__main__": 9,

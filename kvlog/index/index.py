@@ -19,7 +19,7 @@ one LMDB write and pauses nobody.)
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from itertools import chain
 
@@ -34,10 +34,12 @@ from kvlog.index.entry import (
     index_inline,
 )
 from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key
+from kvlog.index.many import ResolveMany, lookup_many
 from kvlog.index.memtable import TOMBSTONE, MemTable
 from kvlog.index.pending import PinnedRuns, find_in_runs, find_in_runs_checked, runs_newest_first
 from kvlog.index.scan import Resolve, scan_pairs
 from kvlog.index.snapshot import IndexReader
+from kvlog.index.view import IndexView
 from kvlog.index.write import clear_index, index_batch, settle_runs
 from kvlog.meta.cache import MetaTxn
 from kvlog.meta.env import CacheDamage, LmdbEnv
@@ -215,6 +217,31 @@ class KeyIndex:
             front = self.memtable.items_in_range(start, stop, prefix)
             reader = self.reader()
         return chain.from_iterable(scan_pairs(reader, front, start, stop, prefix, reverse, resolve))
+
+    def get_many(self, keys: Sequence[bytes], resolve: ResolveMany) -> list[bytes | None]:
+        """The latest values of ``keys`` (valid keys) in the order given, None where a key has
+        none, all from one snapshot: the memtable's writes, then the pending runs, then the
+        B-tree, in one read transaction; ``resolve`` reads the values that are not inline, in
+        that transaction (see :mod:`kvlog.index.many`)."""
+        with self._apply_lock:
+            front = self.memtable.pick(keys)
+            reader = self.reader()
+        try:
+            return lookup_many(reader, front, keys, resolve)
+        finally:
+            reader.close()
+
+    def view(self) -> IndexView:
+        """A read view held open until closed: this snapshot of the index, and a copy of the
+        memtable taken with it (see :mod:`kvlog.index.view`)."""
+        with self._apply_lock:
+            memtable = self.memtable.copy()
+            reader = self.reader()
+        try:
+            return IndexView(memtable, reader)
+        except BaseException:
+            reader.close()
+            raise
 
     def count(self) -> int:
         """Live keys: the index's, with the memtable's writes applied."""

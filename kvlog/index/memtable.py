@@ -119,6 +119,27 @@ class MemTable:
         chosen.sort(key=lambda kv: kv[0])
         return chosen
 
+    def pick(self, keys: Iterable[bytes]) -> dict[bytes, bytes | Tombstone]:
+        """The unapplied writes of ``keys`` that have one, taken together under ``lock``."""
+        with self.lock:
+            front, frozen = self.front, self.frozen
+            picked: dict[bytes, bytes | Tombstone] = {}
+            for key in keys:
+                value = front.get(key)
+                if value is None and frozen is not None:
+                    value = frozen.get(key)
+                if value is not None:
+                    picked[key] = value
+            return picked
+
+    def copy(self) -> MemTable:
+        """A memtable of its own holding every unapplied write at the time of the call (a read
+        view's)."""
+        out = MemTable()
+        with self.lock:
+            out.front = dict(self._merged())
+        return out
+
     def keys(self) -> list[bytes]:
         with self.lock:
             return list(self._merged())

@@ -57,10 +57,11 @@ def merge_sorted(
 
 def scan_pairs(
     reader: IndexReader, front: list[tuple[bytes, bytes | Tombstone]], lower: bytes | None,
-    upper: bytes | None, prefix: bytes | None, reverse: bool, resolve: Resolve,
+    upper: bytes | None, prefix: bytes | None, reverse: bool, resolve: Resolve, *, close: bool = True,
 ) -> Iterator[list[tuple[bytes, bytes]] | Iterator[tuple[bytes, bytes]]]:
     """The ``(key, value)`` pairs of a scan as parts to chain (lists of pairs read in bulk, or
-    iterators); ``reader`` is closed when the parts end or are abandoned."""
+    iterators); ``reader`` is closed when the parts end or are abandoned, unless ``close`` is
+    False (a read view's reader, which outlives its scans)."""
     try:
         if not front and not reverse:
             resume = yield from reader.index_inline_chunks(lower, upper, prefix)
@@ -71,7 +72,8 @@ def scan_pairs(
         yield _values(reader, merge_sorted(reader.index_scan(lower, upper, prefix, reverse), front,
                                            reverse=reverse), resolve)
     finally:
-        reader.close()
+        if close:
+            reader.close()
 
 
 def _values(reader: IndexReader, merged: Iterator[tuple[bytes, bytes | IndexEntry]],

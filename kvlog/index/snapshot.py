@@ -8,12 +8,13 @@ LMDB errors and damage found are raised as kvlog errors, the damage recorded, as
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
+from typing import cast
 
 import lmdb
 
-from kvlog.index.entry import IndexEntry, decode_entry
-from kvlog.index.keys import encode_index_key, scan_bounds
+from kvlog.index.entry import IndexEntry, decode_entry, entry_damage, index_inline
+from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key, scan_bounds
 from kvlog.index.pending import find_in_runs_checked, merge_runs, runs_newest_first
 from kvlog.index.runs import Buffer
 from kvlog.index.tree import inline_chunks, overlay, walk_forward, walk_reverse
@@ -55,6 +56,38 @@ class IndexReader(MetaReader):
         if value is None:
             return None
         return decode_entry(lmdb_key, bytes(value))[1]
+
+    def index_get_many(self, keys: list[bytes]) -> list[bytes | IndexEntry | None]:
+        """What the index holds for each of ``keys`` (in that order): the inline value (bytes),
+        the entry (the value is in a data file), or None (no entry, or deleted). Each is the
+        newest pending run's entry, else the B-tree's, its checksum checked."""
+        runs = self._runs()
+        cursor = self.txn.cursor(db=self._db["index"])
+        # Positional: much cheaper per call than txn.get(key, db=...); bytes, as the reader's
+        # transaction makes no buffers.
+        get = cast(Callable[[bytes], bytes | None], cursor.get)
+        out: list[bytes | IndexEntry | None] = []
+        for key in keys:
+            if len(key) > DIRECT_KEY_BYTES:  # a long key: under its first bytes and a hash
+                entry = self.index_get(key)
+                out.append(entry if entry is None or entry.inline is None else entry.inline)
+                continue
+            raw: bytes | None = find_in_runs_checked(runs, key) if runs else None
+            if raw is None:
+                raw = get(key)
+                if raw is None:
+                    out.append(None)
+                    continue
+            elif not raw:
+                out.append(None)  # deleted in a run
+                continue
+            try:
+                inline = index_inline(key, raw)  # its CRC32C checked
+            except ValueError:
+                raise entry_damage(key) from None
+            out.append(inline if inline is not None else decode_entry(key, raw)[1])
+        cursor.close()
+        return out
 
     def index_count(self) -> int:
         """Keys in the index (its pending runs applied)."""

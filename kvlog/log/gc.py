@@ -48,7 +48,8 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
     # at a later version, never one pending here.
     pinned = the_log.snapshot(pinned_paths)
     for path, due in pending.items():
-        if due <= now and path not in pinned:
+        # A read view of this process may still read a file replaced after its commit.
+        if due <= now and path not in pinned and not the_log.pins.protects(path):  # see kvlog.log.pins
             storage.delete(path)
 
             def forget(txn: Any, path: str = path) -> None:

@@ -38,8 +38,9 @@ from kvlog.index import IndexEntry, IndexReader, KeyIndex, RebuildChunk
 from kvlog.log import append, checkpoints, gc, producer_handle, waiting
 from kvlog.log.append import PendingBatch
 from kvlog.log.committer import Committer, OwnBatches
+from kvlog.log.pins import PinRegistry
 from kvlog.log.producer_handle import Producer, claim_store_producer_id
-from kvlog.log.reader import BatchCache, records_of_batch, value_in_batch
+from kvlog.log.reader import BatchCache, records_of_batch, value_in_batch, values_in_batches
 from kvlog.log.records import AppendResult, Record, partition_for_key
 from kvlog.log.replay import ApplySettings
 from kvlog.meta import CommitOutcome, LiveBatch, LmdbEnv, MetaReader, release_env
@@ -83,6 +84,8 @@ class Log:
         #: The key index, with this process's memtable in front of it.
         self.index = KeyIndex(env, run_limit=config.index_run_limit, apply_lock=self.apply_lock,
                               monotonic_s=clock.monotonic_s)
+        #: This process's read views, whose files GC keeps (see :mod:`kvlog.log.pins`).
+        self.pins = PinRegistry()
 
     # -- basic facts ------------------------------------------------------------------------------
     @property
@@ -192,6 +195,12 @@ class Log:
         if batch is None:
             raise CorruptDataError(f"partition {entry.partition}", f"offset {entry.offset} is not live")
         return value_in_batch(self.env, key, entry, batch, self.read_batch(batch))
+
+    def values_of(self, pairs: list[tuple[bytes, IndexEntry]], reader: MetaReader) -> list[bytes]:
+        """The values of keys at their index entries (:meth:`value_of` for each pair), looked up
+        in ``reader`` (the entries' snapshot); each batch is read once, however many of the
+        keys it holds."""
+        return values_in_batches(self.env, pairs, reader, self.read_batch)
 
     def store_producer_id(self) -> int:
         """The producer id of this cache's stores: drawn once, kept in the cache, so a store

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -15,11 +15,11 @@ from kvlog.format.bitmap import decode_offsets
 from kvlog.format.datafile import decode_batch
 from kvlog.index import IndexEntry
 from kvlog.log.records import Record
-from kvlog.meta import LmdbEnv
+from kvlog.meta import LmdbEnv, MetaReader
 from kvlog.meta.records import LiveBatch
 from kvlog.storage.base import Storage
 
-__all__ = ["BatchCache", "records_of_batch", "value_in_batch"]
+__all__ = ["BatchCache", "records_of_batch", "value_in_batch", "values_in_batches"]
 
 
 class BatchCache:
@@ -124,3 +124,26 @@ def value_in_batch(env: LmdbEnv, key: bytes, entry: IndexEntry, batch: LiveBatch
     if not isinstance(value, bytes):
         raise env.damaged(f"the key index points a key at {where}, a deletion", index_only=True)
     return value
+
+
+def values_in_batches(env: LmdbEnv, pairs: list[tuple[bytes, IndexEntry]], reader: MetaReader,
+                      read: Callable[[LiveBatch], pa.RecordBatch]) -> list[bytes]:
+    """The values of ``(key, entry)`` pairs whose values are in data files, in their order: each
+    entry's batch looked up in ``reader`` (the entries' snapshot), each batch read once with
+    ``read`` for all the keys it holds. An offset no live batch holds is ``CorruptDataError``."""
+    out: list[bytes] = [b""] * len(pairs)
+    groups: dict[tuple[str, int], tuple[LiveBatch, list[int]]] = {}
+    for i, (_key, entry) in enumerate(pairs):
+        if entry.inline is not None:
+            out[i] = entry.inline
+            continue
+        batch = reader.find_batch(entry.partition, entry.offset)
+        if batch is None:
+            raise CorruptDataError(f"partition {entry.partition}", f"offset {entry.offset} is not live")
+        groups.setdefault((batch.path, batch.position), (batch, []))[1].append(i)
+    for batch, positions in groups.values():
+        record_batch = read(batch)
+        for i in positions:
+            key, entry = pairs[i]
+            out[i] = value_in_batch(env, key, entry, batch, record_batch)
+    return out

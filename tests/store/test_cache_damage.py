@@ -105,6 +105,11 @@ def _flip(value: bytes, at: int) -> bytes:
     return bytes(damaged)
 
 
+def _snapshot_reads(store: kvlog.Store, key: bytes) -> None:
+    with store.snapshot() as snap:
+        snap.get_many([SMALL[0], key])
+
+
 #: Where a byte of an index value is flipped: its CRC, partition, offset, flags, inline value.
 FIELDS = {"crc": 1, "partition": 5, "offset": 13, "flags": 14, "inline value": 16}
 
@@ -137,7 +142,8 @@ def test_a_damaged_index_entry_is_never_returned(path: Path, opened: list[kvlog.
     assert store.log.snapshot(lambda r: r.runs_pending()) == (0 if place == "index" else 2)
     _write(store, damage)
     for read in (lambda: store.get(key), lambda: store[key], lambda: store.get(key.decode()),
-                 lambda: dict(store.scan()), lambda: list(store.scan(reverse=True))):
+                 lambda: dict(store.scan()), lambda: list(store.scan(reverse=True)),
+                 lambda: store.get_many([SMALL[0], key]), lambda: _snapshot_reads(store, key)):
         with pytest.raises(CorruptDataError) as raised:
             read()
         assert raised.value.name == store.log.env.name

@@ -4,7 +4,10 @@ The machine writes with puts, deletes and batches (some aborted), flushes,
 compacts (on a manual clock that moves tombstones past their horizon),
 reads with get/contains/len/scan, closes and reopens, crashes and reopens
 (``close(flush=False)``), and keeps a second, read-only handle with its own
-metadata cache. Two models are kept: ``model`` (what the writer must read) and
+metadata cache, and snapshots: each holds a copy of ``model`` frozen when it was taken
+and must keep reading it through later writes, flushes, compactions and GC (on the
+shortest delete delay, the clock moved past it, so GC really deletes replaced files).
+Two models are kept: ``model`` (what the writer must read) and
 ``durable`` (what survives a crash: everything before the last flush, sync
 write, batch exit or close). Nothing flushes on its own (flush_interval_ms=0,
 huge flush_bytes and max_unflushed_bytes), so the read-only handle must see
@@ -102,14 +105,19 @@ class StoreMachine(RuleBasedStateMachine):
         self.root = self.make_root()
         self.clock = kvlog.ManualClock()
         # A low run limit: reads meet pending index runs, and commits past the limit settle them.
-        self.settings: dict[str, Any] = {**EXPLICIT_FLUSH, **COMPACTION, "index_run_limit": 3}
+        self.settings: dict[str, Any] = {**EXPLICIT_FLUSH, **COMPACTION, "index_run_limit": 3,
+                                         "file_delete_delay_ms": 1000}
         self.store = self.root.open(partitions=3, clock=self.clock, **self.settings)
         self.reader = self.root.open(cache="reader", read_only=True, clock=self.clock)
         self.model: dict[bytes, bytes] = {}
         self.durable: dict[bytes, bytes] = {}
         self.version = self.store.flush()
+        #: Open snapshots of ``store``, each with the model frozen when it was taken.
+        self.snapshots: list[tuple[kvlog.Snapshot, dict[bytes, bytes]]] = []
 
     def teardown(self) -> None:
+        for snap, _frozen in self.snapshots:
+            snap.close()
         self.reader.close()
         self.store.close(flush=False)
         shutil.rmtree(self.root.workdir, ignore_errors=True)
@@ -218,6 +226,67 @@ class StoreMachine(RuleBasedStateMachine):
         got = list(self.store.scan(start, stop, prefix=prefix, reverse=reverse))
         assert got == _expected_scan(self.model, start, stop, prefix, reverse)
 
+    @rule(data=st.data())
+    def get_many(self, data: st.DataObject) -> None:
+        asked = data.draw(st.lists(st.sampled_from(sorted(self.model)) | keys, max_size=12)
+                          if self.model else st.lists(keys, max_size=12))
+        assert self.store.get_many(asked) == [self.model.get(k) for k in asked]
+
+    # -- snapshots --------------------------------------------------------------------------------
+    def _snapshot(self) -> None:
+        self.snapshots.append((self.store.snapshot(), dict(self.model)))
+
+    @precondition(lambda self: len(self.snapshots) < 3)
+    @rule()
+    def take_snapshot(self) -> None:
+        self._snapshot()
+
+    @precondition(lambda self: bool(self.snapshots))
+    @rule(data=st.data())
+    def read_snapshot(self, data: st.DataObject) -> None:
+        snap, frozen = data.draw(st.sampled_from(self.snapshots))
+        key = data.draw(st.sampled_from(sorted(frozen)) | keys if frozen else keys)
+        assert snap.get(key) == frozen.get(key)
+        assert (key in snap) == (key in frozen)
+        asked = data.draw(st.lists(keys, max_size=8)) + [key]
+        assert snap.get_many(asked) == [frozen.get(k) for k in asked]
+        start, prefix, reverse = data.draw(bounds), data.draw(prefixes), data.draw(st.booleans())
+        got = list(snap.scan(start, None, prefix=prefix, reverse=reverse))
+        assert got == _expected_scan(frozen, start, None, prefix, reverse)
+
+    @precondition(lambda self: bool(self.snapshots))
+    @rule(data=st.data())
+    def close_snapshot(self, data: st.DataObject) -> None:
+        i = data.draw(st.integers(0, len(self.snapshots) - 1))
+        snap, frozen = self.snapshots.pop(i)
+        assert list(snap.scan()) == sorted(frozen.items())
+        snap.close()
+        with pytest.raises(kvlog.StoreClosedError):
+            snap.get(b"a")
+
+    @rule(key=keys, big=st.booleans(), snapshot_first=st.booleans())
+    def compact_and_gc_under_snapshots(self, key: bytes, big: bool, snapshot_first: bool) -> None:
+        """A flushed value (``big``: not inline), then a snapshot (if ``snapshot_first``) and an
+        overwrite, a compaction replacing every file, and GC with every replaced file past its
+        delay: every open snapshot still reads its frozen model, from storage (no cached batch)."""
+        self.store.put(key, b"before-" + b"b" * (1500 if big else 0))
+        self.model[key] = b"before-" + b"b" * (1500 if big else 0)
+        self.store.flush()
+        if snapshot_first and len(self.snapshots) < 3:
+            self._snapshot()
+        self.store.put(key, b"after")
+        self.model[key] = b"after"
+        self.store.flush()
+        self._made_durable()
+        self.store.compact(force=True)
+        self.clock.advance(self.settings["file_delete_delay_ms"] + 1)
+        self.store.gc()
+        self.store.log.batch_cache.clear()  # values not inline are read from storage again
+        for snap, frozen in self.snapshots:
+            assert list(snap.scan()) == sorted(frozen.items())
+            assert snap.get_many(sorted(frozen)) == [frozen[k] for k in sorted(frozen)]
+        assert self.store.get(key) == b"after"
+
     # -- compaction and time -------------------------------------------------------------------
     @rule(force=st.booleans(), flush_first=st.booleans())
     def compact(self, force: bool, flush_first: bool) -> None:
@@ -234,9 +303,17 @@ class StoreMachine(RuleBasedStateMachine):
         self.clock.advance(ms)  # tombstones pass their horizon (delete_retention_ms=1000)
 
     # -- lifecycle ------------------------------------------------------------------------------
+    def _snapshots_released(self) -> None:
+        """The store's close released every snapshot: their reads raise."""
+        for snap, _frozen in self.snapshots:
+            with pytest.raises(kvlog.StoreClosedError):
+                snap.get_many([b"a"])
+        self.snapshots = []
+
     @rule()
     def close_and_reopen(self) -> None:
         self.store.close()
+        self._snapshots_released()
         self._made_durable()
         self.store = self.root.open(clock=self.clock, **self.settings)
         assert list(self.store.scan()) == sorted(self.model.items())
@@ -244,6 +321,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule()
     def crash_and_reopen(self) -> None:
         self.store.close(flush=False)
+        self._snapshots_released()
         self.model = dict(self.durable)
         self.store = self.root.open(clock=self.clock, **self.settings)
         assert list(self.store.scan()) == sorted(self.model.items())

@@ -1,0 +1,184 @@
+"""Snapshots: read views of a store pinned at one commit, kept open as long as needed.
+
+:meth:`kvlog.Store.snapshot` opens one. It answers as the store did when it was taken: the
+commit applied then (one LMDB read snapshot of the catalog and the key index, held for the
+snapshot's life) with this process's writes made before it (a copy of the memtable). Later
+writes of any process are not visible. While it is open, GC in this process keeps every data
+file it may read (:mod:`kvlog.log.pins`), so compaction and GC never break its reads.
+
+A snapshot is released by :meth:`Snapshot.close`, by the ``with`` block's end, by
+:meth:`kvlog.Store.close`, or when it is garbage-collected unclosed; its reads then raise
+:class:`~kvlog.errors.StoreClosedError`. One snapshot is used by one thread at a time.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Iterator
+from types import TracebackType
+from typing import Any
+
+from kvlog.config import KEY_BYTES_LIMIT
+from kvlog.errors import InvalidRecordError, StoreClosedError
+from kvlog.index import IndexEntry, IndexView
+from kvlog.log import Log
+from kvlog.log.pins import Pin
+from kvlog.log.records import to_key
+
+__all__ = ["Snapshot", "key_bound", "open_snapshot", "to_keys"]
+
+_MISSING = object()
+
+
+def to_keys(keys: Iterable[bytes | str]) -> list[bytes]:
+    """``keys`` as a list of valid keys (of any length a store may hold), or
+    ``InvalidRecordError`` before anything is read: not one key, not a non-iterable, no bad key."""
+    if isinstance(keys, bytes | str | bytearray | memoryview):
+        raise InvalidRecordError("get_many takes an iterable of keys, not one key")
+    try:
+        items = list(keys)
+    except TypeError:
+        raise InvalidRecordError(
+            f"get_many takes an iterable of keys, not {type(keys).__name__}") from None
+    return [key if type(key) is bytes and 0 < len(key) <= KEY_BYTES_LIMIT else to_key(key, KEY_BYTES_LIMIT)
+            for key in items]
+
+
+def key_bound(value: bytes | str) -> bytes:
+    """A scan bound or prefix as bytes, or ``InvalidRecordError``."""
+    if isinstance(value, str):
+        try:
+            return value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidRecordError(f"a key bound is not valid UTF-8 text: {e.reason}") from None
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise InvalidRecordError(f"a key bound must be bytes or str, not {type(value).__name__}")
+
+
+def _release(view: IndexView, pin: Pin) -> None:
+    """End a snapshot's read view and drop its pin (its close, or its finalizer)."""
+    try:
+        view.close()
+    finally:
+        pin.release()
+
+
+def open_snapshot(log: Log) -> Snapshot:
+    """A snapshot of ``log`` at its applied commit, with this process's unapplied writes."""
+    # Pinned before the read snapshot begins: GC then keeps every replaced file until the pin
+    # knows which files its commit had already replaced (see kvlog.log.pins).
+    pin = log.pins.pin()
+    try:
+        view = log.index.view()
+    except BaseException:
+        pin.release()
+        raise
+    try:
+        replaced = frozenset(path for path, _due in view.reader.iter_pending())
+    except BaseException:
+        _release(view, pin)
+        raise
+    pin.settle(view.version, replaced)
+    return Snapshot(log, view, pin)
+
+
+class Snapshot:
+    """A read view of a store pinned at one commit (see :mod:`kvlog.snapshot`). Create with
+    :meth:`kvlog.Store.snapshot`; use as a context manager or :meth:`close` it."""
+
+    def __init__(self, log: Log, view: IndexView, pin: Pin) -> None:
+        self._log = log
+        self._view = view
+        self._release = weakref.finalize(self, _release, view, pin)
+
+    @property
+    def version(self) -> int:
+        """The commit version the snapshot is pinned at."""
+        return self._view.version
+
+    @property
+    def closed(self) -> bool:
+        """Whether the snapshot is released."""
+        return not self._release.alive
+
+    def _check(self) -> IndexView:
+        if not self._release.alive:
+            raise StoreClosedError("the snapshot is closed")
+        return self._view
+
+    def get(self, key: bytes | str, default: Any = None) -> Any:
+        """The value of ``key`` in the snapshot, or ``default``."""
+        view = self._check()
+        k = to_key(key, KEY_BYTES_LIMIT)
+        found = view.get(k)
+        if found is None:
+            return default
+        if isinstance(found, IndexEntry):
+            return self._log.value_of(k, found, view.reader)
+        return found
+
+    def get_many(self, keys: Iterable[bytes | str]) -> list[bytes | None]:
+        """The values of ``keys`` in the snapshot, in the order given (None: no value)."""
+        view = self._check()
+        return view.get_many(to_keys(keys), self._log.values_of)
+
+    def scan(
+        self, start: bytes | str | None = None, stop: bytes | str | None = None, *,
+        prefix: bytes | str | None = None, reverse: bool = False,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` pairs of the snapshot in key order (or reverse), ``start <= key < stop``."""
+        view = self._check()
+        lo = None if start is None else key_bound(start)
+        hi = None if stop is None else key_bound(stop)
+        pre = None if prefix is None else key_bound(prefix)
+        return self._while_open(view.scan(lo, hi, pre, reverse, self._log.value_of))
+
+    def _while_open(self, items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+        """``items`` while the snapshot is open; once it is released, the next step raises
+        :class:`StoreClosedError`, whatever the ended read transaction would have raised."""
+        closed = StoreClosedError("the snapshot was closed while this iterator was in use")
+        while True:
+            if not self._release.alive:
+                raise closed
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            except Exception:
+                if self._release.alive:
+                    raise
+                raise closed from None
+            yield item
+
+    def __getitem__(self, key: bytes | str) -> bytes:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        assert isinstance(value, bytes)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        self._check()
+        if not isinstance(key, bytes | str | bytearray | memoryview):
+            return False
+        try:
+            return self.get(bytes(key) if isinstance(key, bytearray | memoryview) else key,
+                            _MISSING) is not _MISSING
+        except InvalidRecordError:
+            return False  # like a dict: a key that cannot be stored is simply not there
+
+    def close(self) -> None:
+        """Release the snapshot: its read transaction and its pin on files (idempotent)."""
+        self._release()
+
+    def __enter__(self) -> Snapshot:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"Snapshot(version={self._view.version}, {state})"
