@@ -21,10 +21,10 @@ from kvlog.clock import Clock, IdSource
 from kvlog.compaction import CompactionReport, Compactor
 from kvlog.config import KEY_BYTES_LIMIT, StoreConfig
 from kvlog.errors import InvalidRecordError, ReadOnlyError, StoreClosedError
-from kvlog.index import STALE, IndexEntry, IndexReader
+from kvlog.index import STALE, IndexEntry, IndexReader, RecordExpired
 from kvlog.log import Log, open_log
 from kvlog.log.flusher import Flusher
-from kvlog.log.records import Record, to_key, to_value
+from kvlog.log.records import Record, check_ttl, to_key, to_value
 from kvlog.storage import Storage
 
 __all__ = ["Store", "WriteBatch", "open_store"]
@@ -39,15 +39,28 @@ class WriteBatch:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._records: list[tuple[bytes, bytes | None]] = []
+        self._ttls: list[int | None] | None = None  # one per record once a put has a ttl_ms
         self._done = False
 
-    def put(self, key: bytes | str, value: bytes | str) -> None:
-        """Add a put; bad input raises at once and is not added (the rest of the batch stands)."""
+    def put(self, key: bytes | str, value: bytes | str, *, ttl_ms: int | None = None) -> None:
+        """Add a put (expiring ``ttl_ms`` after the batch's timestamp, when given); bad input
+        raises at once and is not added (the rest of the batch stands)."""
+        if ttl_ms is None:
+            self._add(key, value, is_put=True)
+            if self._ttls is not None:
+                self._ttls.append(None)
+            return
+        ttl = check_ttl(ttl_ms)
         self._add(key, value, is_put=True)
+        if self._ttls is None:
+            self._ttls = [None] * (len(self._records) - 1)
+        self._ttls.append(ttl)
 
     def delete(self, key: bytes | str) -> None:
         """Add a delete (a tombstone)."""
         self._add(key, None, is_put=False)
+        if self._ttls is not None:
+            self._ttls.append(None)
 
     def _add(self, key: Any, value: Any, *, is_put: bool) -> None:
         if self._done:
@@ -66,7 +79,7 @@ class WriteBatch:
                  tb: TracebackType | None) -> None:
         self._done = True
         if kind is None and self._records:
-            self._store._write(self._records, sync=True)
+            self._store._writer().write(self._records, sync=True, ttls=self._ttls)
 
 
 class Store:
@@ -98,6 +111,11 @@ class Store:
             self._compactor = Compactor(log)
             if self.config.background_compaction:
                 self._compactor.start()
+
+    @property
+    def clock(self) -> Clock:
+        """The store's clock: record timestamps and expiry decisions read it."""
+        return self._clock
 
     # -- helpers ----------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -138,8 +156,16 @@ class Store:
             self.log.refresh()
 
     # -- writes -----------------------------------------------------------------------------------
-    def put(self, key: bytes | str, value: bytes | str, *, sync: bool = False) -> None:
-        """Set ``key`` to ``value``; with ``sync=True`` return once durable."""
+    def put(self, key: bytes | str, value: bytes | str, *, sync: bool = False,
+            ttl_ms: int | None = None) -> None:
+        """Set ``key`` to ``value``; with ``sync=True`` return once durable. With ``ttl_ms`` (a
+        positive int) the record expires ``ttl_ms`` milliseconds after its timestamp: reads stop
+        seeing it then, and compaction removes it."""
+        if ttl_ms is not None:
+            ttl = check_ttl(ttl_ms)
+            k, v = self._record(key, to_value(value))
+            self._writer().write([(k, v)], sync=sync, ttls=(ttl,))
+            return
         flusher = self._flusher
         if (type(key) is bytes and type(value) is bytes and 0 < len(key) <= self._max_key
                 and len(key) + len(value) <= self._max_record and flusher is not None
@@ -215,8 +241,13 @@ class Store:
         # Compaction may remove the entry's offset between the lookup above and the batch
         # lookup: look the key up again together with its batch, in one snapshot.
         def in_one_snapshot(r: IndexReader) -> Any:
-            again = r.index_get(k)
-            return default if again is None else self.log.value_of(k, again, r)
+            again = r.index_get(k)  # None when its record has expired meanwhile
+            if again is None:
+                return default
+            try:
+                return self.log.value_of(k, again, r)
+            except RecordExpired:  # removed by a compaction whose clock saw it expired
+                return default
 
         return self.log.snapshot(in_one_snapshot)
 

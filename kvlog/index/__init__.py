@@ -9,6 +9,7 @@ runs to the LMDB B-tree. :class:`KeyIndex` is its interface; the modules hold on
 ``tree``      walks of the B-tree, with the runs laid over it
 ``snapshot``  a read snapshot of the catalog and the index together
 ``scan``      scans of memtable, runs and B-tree merged
+``expiries``  the rows of expiring entries, by which ``len`` skips the expired
 ``write``     writes within the log's own write transaction, and settling
 ``index``     :class:`KeyIndex`
 """
@@ -17,13 +18,14 @@ from kvlog.index.entry import (
     INDEX_HEAD_BYTES,
     INLINE_FLAG,
     IndexEntry,
+    RecordExpired,
     check_cache_file,
     decode_index_value,
     encode_index_value,
 )
 from kvlog.index.index import STALE, KeyIndex, RebuildChunk, Stale
 from kvlog.index.keys import DIRECT_KEY_BYTES, LONG_KEY_BYTES, encode_index_key, prefix_successor
-from kvlog.index.memtable import TOMBSTONE, MemTable, Tombstone
+from kvlog.index.memtable import TOMBSTONE, Expiring, MemTable, Tombstone
 from kvlog.index.snapshot import IndexReader, runs_pending
 from kvlog.index.write import (
     add_run,
@@ -36,8 +38,8 @@ from kvlog.index.write import (
 )
 
 __all__ = [
-    "DIRECT_KEY_BYTES", "INDEX_HEAD_BYTES", "INLINE_FLAG", "LONG_KEY_BYTES", "STALE", "TOMBSTONE", "IndexEntry",
-    "IndexReader", "KeyIndex", "MemTable", "RebuildChunk", "Stale", "Tombstone", "add_run", "check_cache_file",
+    "DIRECT_KEY_BYTES", "INDEX_HEAD_BYTES", "INLINE_FLAG", "LONG_KEY_BYTES", "STALE", "TOMBSTONE", "Expiring", "IndexEntry",
+    "IndexReader", "KeyIndex", "MemTable", "RebuildChunk", "RecordExpired", "Stale", "Tombstone", "add_run", "check_cache_file",
     "clear_index", "decode_index_value", "encode_index_value", "encode_index_key", "index_batch", "index_batches",
     "index_put_many", "index_records", "prefix_successor", "runs_pending", "settle_runs",
 ]

@@ -86,6 +86,7 @@ def records_of_batch(
     keys = record_batch.column(0).to_pylist()
     values = record_batch.column(1).to_pylist()
     stamps = record_batch.column(2).to_pylist()
+    expires = record_batch.column(3).to_pylist() if record_batch.num_columns > 3 else None
     present = batch.present
     if present is None:
         offsets: Any = range(base, base + len(keys))
@@ -99,7 +100,8 @@ def records_of_batch(
             continue
         if to_offset is not None and offset >= to_offset:
             return
-        yield Record(partition, offset, stamps[i], keys[i], values[i])
+        yield Record(partition, offset, stamps[i], keys[i], values[i],
+                     None if expires is None else expires[i])
 
 
 
