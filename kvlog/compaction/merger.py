@@ -279,10 +279,12 @@ class OutputWriter:
             self.end_batch()
 
     def add(self, partition: int, keys: Sequence[bytes], values: Sequence[bytes | None],
-            stamps: Sequence[int], offsets: Sequence[int], horizon: int | None) -> None:
-        """Add records of ``partition`` given as Python sequences (see :meth:`add_records`)."""
+            stamps: Sequence[int], offsets: Sequence[int], horizon: int | None,
+            expires: Sequence[int | None] | None = None) -> None:
+        """Add records of ``partition`` given as Python sequences, with their expiries when given
+        (see :meth:`add_records`)."""
         if keys:
-            self.add_records(partition, make_record_batch(keys, values, stamps),
+            self.add_records(partition, make_record_batch(keys, values, stamps, expires),
                              np.asarray(offsets, dtype=np.int64), horizon)
 
     def end_batch(self) -> None:

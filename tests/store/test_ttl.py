@@ -261,6 +261,7 @@ def test_a_compaction_ahead_of_the_readers_clock_hides_the_removed_record(tmp_pa
     assert store.compact(force=True, now_ms=later).expired_removed == 2
     assert store.get(b"k") is None and b"k" not in store
     assert dict(store.scan()) == {b"s": b"small"}  # inline: its value is in the index entry
+    assert store.check() == []
     store.close()
 
 
