@@ -270,3 +270,56 @@ def test_store_clock_is_the_injected_clock(tmp_path: Path) -> None:
     store = _open(tmp_path, clock)
     assert store.clock is clock
     store.close()
+
+
+def test_a_cache_of_the_layout_before_expiries_is_rebuilt(tmp_path: Path) -> None:
+    """A cache of layout 2 (index entries without expiries, no ``expiries`` rows) is emptied when
+    opened and rebuilt from storage: the rebuilt index hides the expired records and counts right."""
+    from kvlog.index import encode_index_value
+    from kvlog.meta.env import seal
+
+    clock = kvlog.ManualClock()
+    store = _open(tmp_path, clock)
+    store.put(b"k", b"v", ttl_ms=100)
+    store.put(b"j", b"w", sync=True)
+    store.log.settle_index()
+    env = store.log.env
+
+    def old_layout(txn: Any) -> None:
+        dbs = env.dbs
+        entry = store.log.snapshot(lambda r: r.index_get(b"k"))
+        # What a cache of layout 2 holds: the entry without its expiry, no expiries rows.
+        txn.put(b"k", encode_index_value(b"k", entry.partition, entry.offset, entry.inline), db=dbs["index"])
+        txn.drop(dbs["expiries"], delete=False)
+        txn.put(b"cache_layout", seal(b"cache_layout", b"2"), db=dbs["meta"])
+
+    env.write(old_layout)
+    store.close(flush=False)
+    store = _open(tmp_path, clock)
+    assert dict(store.scan()) == {b"j": b"w", b"k": b"v"} and len(store) == 2
+    clock.advance(100)
+    assert dict(store.scan()) == {b"j": b"w"} and len(store) == 1
+    store.close()
+
+
+def test_rows_of_replaced_expiring_entries_are_pruned_when_the_runs_settle(tmp_path: Path) -> None:
+    clock = kvlog.ManualClock()
+    store = _open(tmp_path, clock, index_run_limit=100)
+    keys = [b"key-%05d" % i for i in range(1500)]
+    with store.batch() as batch:
+        for key in keys:
+            batch.put(key, b"v", ttl_ms=1000)
+    with store.batch() as batch:
+        for key in keys[:1200]:
+            batch.put(key, b"w")  # no expiry any more: their rows are stale
+    env = store.log.env
+
+    def rows() -> int:
+        return int(store.log.snapshot(lambda r: r.txn.stat(env.dbs["expiries"])["entries"]))
+
+    assert rows() == 1500
+    store.log.settle_index()
+    assert rows() == 300
+    clock.advance(1000)
+    assert len(store) == 1200
+    store.close()
