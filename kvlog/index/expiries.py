@@ -9,7 +9,9 @@ the key's current entry carries that very expiry. So the live keys at ``now`` ar
 entries minus the rows expired at ``now`` whose key's current entry still has the row's expiry
 (:func:`expired_entries`). Rows whose entry is gone or changed are deleted when the runs are
 settled, once there are twice as many rows as the last such pruning left
-(:func:`prune_rows`).
+(:func:`prune_rows`). Entries expired at the clock's time are deleted from the index, with
+their rows, when the runs are settled (:func:`drop_expired`): reads hide them anyway, and a
+record compaction removed then has no entry left at all.
 
 A damaged row cannot turn into a wrong answer for a read: reads check each entry's own
 expiry. At worst it miscounts ``len``, and every row is checked against a checksummed entry
@@ -25,7 +27,7 @@ import lmdb
 
 from kvlog.meta.cache import MetaTxn
 
-__all__ = ["add_rows", "expired_entries", "prune_rows", "row_key"]
+__all__ = ["add_rows", "drop_expired", "expired_entries", "prune_rows", "row_key"]
 
 _WHEN = struct.Struct(">Q")
 _BIAS = 1 << 63
@@ -94,3 +96,18 @@ def prune_rows(meta: MetaTxn, expiry_of: Callable[[bytes], int | None]) -> int:
         meta.txn.delete(row, db=db)
     meta.put_meta(_PRUNED, str(rows - len(stale)).encode())
     return len(stale)
+
+
+def drop_expired(meta: MetaTxn, now_ms: int, expiry_of: Callable[[bytes], int | None]) -> int:
+    """Delete the index entries (in the B-tree: call with no run pending) expired at ``now_ms``,
+    and the rows of expiries up to ``now_ms``; returns how many entries went."""
+    db = meta.env.dbs["expiries"]
+    index_db = meta.env.dbs["index"]
+    rows = list(_rows_until(meta.txn, db, now_ms))
+    dropped = 0
+    for expires, lmdb_key in rows:
+        if expiry_of(lmdb_key) == expires:
+            meta.txn.delete(lmdb_key, db=index_db)
+            dropped += 1
+        meta.txn.delete(row_key(expires, lmdb_key), db=db)
+    return dropped

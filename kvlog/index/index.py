@@ -264,15 +264,17 @@ class KeyIndex:
         return runs > self.run_limit > 0 and self.settle_on_apply
 
     def settle(self) -> int:
-        """Merge the pending runs into the B-tree (writers paused); return how many."""
+        """Merge the pending runs into the B-tree (writers paused), deleting the entries expired
+        at the clock's time; return how many runs."""
         reader = self.reader()
         try:
             if not reader.runs_pending():
                 return 0
         finally:
             reader.close()
+        now_ms = self.now_ms()  # entries expired by then go too: reads hide them anyway
         with self.lock:
-            return int(self._env.write(lambda txn: settle_runs(MetaTxn(self._env, txn))))
+            return int(self._env.write(lambda txn: settle_runs(MetaTxn(self._env, txn), now_ms)))
 
     @contextmanager
     def settle_deferred(self) -> Iterator[None]:

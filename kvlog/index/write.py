@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from kvlog.format.columns import binary_ends, index_pairs, int64_column, latest_rows, valid_mask
 from kvlog.index.entry import decode_entry, encode_index_value
-from kvlog.index.expiries import add_rows, prune_rows
+from kvlog.index.expiries import add_rows, drop_expired, prune_rows
 from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key
 from kvlog.index.runs import RUN_ID, build_run, run_entries
 from kvlog.index.snapshot import runs_pending
@@ -37,8 +37,9 @@ def add_run(meta: MetaTxn, run: bytes) -> None:
     meta.txn.put(RUN_ID.pack(number), run, db=db, append=True)  # the newest: the last key
 
 
-def settle_runs(meta: MetaTxn) -> int:
-    """Merge the pending index runs into the index, oldest first; return how many."""
+def settle_runs(meta: MetaTxn, now_ms: int | None = None) -> int:
+    """Merge the pending index runs into the index, oldest first; return how many. With
+    ``now_ms``, the entries expired at that time are deleted too (:func:`drop_expired`)."""
     db = meta.env.dbs["runs"]
     index_db = meta.env.dbs["index"]
     txn = meta.txn
@@ -66,6 +67,8 @@ def settle_runs(meta: MetaTxn) -> int:
             lower = chunk[-1][0] + b"\x00"
     if numbers:
         txn.drop(db, delete=False)
+        if now_ms is not None:
+            drop_expired(meta, now_ms, lambda lmdb_key: _current_expiry(meta, lmdb_key))
         prune_rows(meta, lambda lmdb_key: _current_expiry(meta, lmdb_key))
     return len(numbers)
 

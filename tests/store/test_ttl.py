@@ -323,3 +323,19 @@ def test_rows_of_replaced_expiring_entries_are_pruned_when_the_runs_settle(tmp_p
     clock.advance(1000)
     assert len(store) == 1200
     store.close()
+
+
+def test_settling_deletes_the_entries_of_expired_records(tmp_path: Path) -> None:
+    clock = kvlog.ManualClock()
+    store = _open(tmp_path, clock, index_run_limit=100)
+    store.put(b"gone", b"v", ttl_ms=100, sync=True)
+    store.put(b"later", b"v", ttl_ms=10_000, sync=True)
+    clock.advance(100)
+    store.put(b"new", b"v", sync=True)  # a run pending: the next settle runs
+    store.log.settle_index()
+    assert store.log.snapshot(lambda r: r._entry_at(b"gone")) is None  # the entry itself went
+    assert store.log.snapshot(lambda r: r._entry_at(b"later")) is not None
+    assert len(store) == 2 and dict(store.scan()) == {b"later": b"v", b"new": b"v"}
+    assert store.get(b"gone") is None and store.check() == []
+    assert [r.key for r in store.changes() if r.key == b"gone"] == [b"gone"]  # the log keeps it
+    store.close()
