@@ -122,6 +122,8 @@ def _check_index(log: Log) -> list[str]:
             return r.find_batch(e.partition, e.offset)
 
         batch = log.snapshot(holder)
+        if batch is None and entry.expires_ms is not None:
+            continue  # an expiring record a compaction removed by a clock ahead of this one
         if batch is None:
             findings.append(f"index entry of a key points at partition {entry.partition} offset "
                             f"{entry.offset}, which is not live")

@@ -20,7 +20,7 @@ from typing import Any
 
 from kvlog.config import KEY_BYTES_LIMIT
 from kvlog.errors import InvalidRecordError, StoreClosedError
-from kvlog.index import IndexEntry, IndexView
+from kvlog.index import IndexEntry, IndexView, RecordExpired
 from kvlog.log import Log
 from kvlog.log.pins import Pin
 from kvlog.log.records import to_key
@@ -115,7 +115,10 @@ class Snapshot:
         if found is None:
             return default
         if isinstance(found, IndexEntry):
-            return self._log.value_of(k, found, view.reader)
+            try:
+                return self._log.value_of(k, found, view.reader)
+            except RecordExpired:  # removed by a compaction whose clock saw it expired
+                return default
         return found
 
     def get_many(self, keys: Iterable[bytes | str]) -> list[bytes | None]:

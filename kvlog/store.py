@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -23,21 +23,19 @@ from kvlog.compaction import CompactionReport, Compactor
 from kvlog.config import KEY_BYTES_LIMIT, StoreConfig
 from kvlog.consumer import Consumer
 from kvlog.errors import InvalidRecordError, ReadOnlyError, StoreClosedError
-from kvlog.index import STALE, IndexEntry, IndexReader
+from kvlog.index import STALE, IndexEntry, IndexReader, RecordExpired
 from kvlog.log import Log, open_log, pins_named
 from kvlog.log.flusher import Flusher
 from kvlog.log.pins_named import Checkpoint
-from kvlog.log.records import Record, to_key, to_value
+from kvlog.log.records import Record, check_ttl, to_key, to_value
 from kvlog.snapshot import Snapshot, open_snapshot, to_keys
 from kvlog.storage import Storage
-from kvlog.views import StoreItems, StoreKeys, StoreValues
+from kvlog.views import StoreMapping
 
 __all__ = ["Store", "WriteBatch", "open_store"]
 
 _MISSING = object()
 _T = TypeVar("_T")
-#: Tombstones per write of :meth:`Store.clear`.
-_CLEAR_BATCH = 4096
 
 
 class WriteBatch:
@@ -46,15 +44,28 @@ class WriteBatch:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._records: list[tuple[bytes, bytes | None]] = []
+        self._ttls: list[int | None] | None = None  # one per record once a put has a ttl_ms
         self._done = False
 
-    def put(self, key: bytes | str, value: bytes | str) -> None:
-        """Add a put; bad input raises at once and is not added (the rest of the batch stands)."""
+    def put(self, key: bytes | str, value: bytes | str, *, ttl_ms: int | None = None) -> None:
+        """Add a put (expiring ``ttl_ms`` after the batch's timestamp, when given); bad input
+        raises at once and is not added (the rest of the batch stands)."""
+        if ttl_ms is None:
+            self._add(key, value, is_put=True)
+            if self._ttls is not None:
+                self._ttls.append(None)
+            return
+        ttl = check_ttl(ttl_ms)
         self._add(key, value, is_put=True)
+        if self._ttls is None:
+            self._ttls = [None] * (len(self._records) - 1)
+        self._ttls.append(ttl)
 
     def delete(self, key: bytes | str) -> None:
         """Add a delete (a tombstone)."""
         self._add(key, None, is_put=False)
+        if self._ttls is not None:
+            self._ttls.append(None)
 
     def _add(self, key: Any, value: Any, *, is_put: bool) -> None:
         if self._done:
@@ -73,10 +84,10 @@ class WriteBatch:
                  tb: TracebackType | None) -> None:
         self._done = True
         if kind is None and self._records:
-            self._store._write(self._records, sync=True)
+            self._store._writer().write(self._records, sync=True, ttls=self._ttls)
 
 
-class Store(MutableMapping[bytes, bytes]):
+class Store(StoreMapping):
     """An open kvlog store. Create with :func:`kvlog.open`.
 
     A :class:`collections.abc.MutableMapping` of bytes to bytes. Equality and hashing are
@@ -111,6 +122,11 @@ class Store(MutableMapping[bytes, bytes]):
             self._compactor = Compactor(log)
             if self.config.background_compaction:
                 self._compactor.start()
+
+    @property
+    def clock(self) -> Clock:
+        """The store's clock: record timestamps and expiry decisions read it."""
+        return self._clock
 
     # -- helpers ----------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -151,8 +167,16 @@ class Store(MutableMapping[bytes, bytes]):
             self.log.refresh()
 
     # -- writes -----------------------------------------------------------------------------------
-    def put(self, key: bytes | str, value: bytes | str, *, sync: bool = False) -> None:
-        """Set ``key`` to ``value``; with ``sync=True`` return once durable."""
+    def put(self, key: bytes | str, value: bytes | str, *, sync: bool = False,
+            ttl_ms: int | None = None) -> None:
+        """Set ``key`` to ``value``; with ``sync=True`` return once durable. With ``ttl_ms`` (a
+        positive int) the record expires ``ttl_ms`` milliseconds after its timestamp: reads stop
+        seeing it then, and compaction removes it."""
+        if ttl_ms is not None:
+            ttl = check_ttl(ttl_ms)
+            k, v = self._record(key, to_value(value))
+            self._writer().write([(k, v)], sync=sync, ttls=(ttl,))
+            return
         flusher = self._flusher
         if (type(key) is bytes and type(value) is bytes and 0 < len(key) <= self._max_key
                 and len(key) + len(value) <= self._max_record and flusher is not None
@@ -228,8 +252,13 @@ class Store(MutableMapping[bytes, bytes]):
         # Compaction may remove the entry's offset between the lookup above and the batch
         # lookup: look the key up again together with its batch, in one snapshot.
         def in_one_snapshot(r: IndexReader) -> Any:
-            again = r.index_get(k)
-            return default if again is None else self.log.value_of(k, again, r)
+            again = r.index_get(k)  # None when its record has expired meanwhile
+            if again is None:
+                return default
+            try:
+                return self.log.value_of(k, again, r)
+            except RecordExpired:  # removed by a compaction whose clock saw it expired
+                return default
 
         return self.log.snapshot(in_one_snapshot)
 
@@ -273,23 +302,13 @@ class Store(MutableMapping[bytes, bytes]):
 
         return self._while_open(every())
 
-    # -- dict protocol ----------------------------------------------------------------------------
+    # -- dict protocol (the rest of it: kvlog.views.StoreMapping) ------------------------------
     def __getitem__(self, key: bytes | str) -> bytes:
         value = self.get(key, _MISSING)
         if value is _MISSING:
             raise KeyError(key)
         assert isinstance(value, bytes)
         return value
-
-    def __setitem__(self, key: bytes | str, value: bytes | str) -> None:
-        self.put(key, value)
-
-    def __delitem__(self, key: bytes | str) -> None:
-        self._writer()  # closed -> StoreClosedError, read-only -> ReadOnlyError, even for a missing key
-        to_key(key, KEY_BYTES_LIMIT)  # a bad key is InvalidRecordError, as in store[key]
-        if key not in self:
-            raise KeyError(key)
-        self.delete(key)
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, bytes | str | bytearray | memoryview):
@@ -303,109 +322,6 @@ class Store(MutableMapping[bytes, bytes]):
         self._check_open()
         self._maybe_refresh()
         return self._index.count()
-
-    def __iter__(self) -> Iterator[bytes]:
-        for key, _value in self.scan():
-            yield key
-
-    def __reversed__(self) -> Iterator[bytes]:
-        """The keys in descending order, from one snapshot."""
-        for key, _value in self.scan(reverse=True):
-            yield key
-
-    def __eq__(self, other: object) -> bool:
-        return self is other  # a handle's identity; see the class docstring
-
-    def __hash__(self) -> int:
-        return object.__hash__(self)
-
-    def keys(self) -> StoreKeys:
-        """The keys, in key order; each iteration reads one snapshot."""
-        return StoreKeys(self)
-
-    def values(self) -> StoreValues:
-        """The values, in the order of their keys; each iteration reads one snapshot."""
-        return StoreValues(self)
-
-    def items(self) -> StoreItems:
-        """The ``(key, value)`` pairs, in key order; each iteration reads one snapshot."""
-        return StoreItems(self)
-
-    def update(self, other: Any = (), /, **kwargs: bytes | str) -> None:
-        """Put every pair of ``other`` (a mapping, or an iterable of ``(key, value)`` pairs) and
-        of ``kwargs``, later pairs winning. All are validated first: a bad one raises
-        :class:`InvalidRecordError` and nothing is written. Not durable until a flush, like
-        :meth:`put`."""
-        self._writer()
-        if isinstance(other, Mapping):
-            pairs: Any = other.items()
-        elif hasattr(other, "keys"):
-            pairs = ((k, other[k]) for k in other.keys())
-        else:
-            pairs = other
-        try:
-            iterator = iter(pairs)
-        except TypeError:
-            raise InvalidRecordError(
-                f"update takes a mapping or (key, value) pairs, not {type(other).__name__}") from None
-        records: list[tuple[bytes, bytes | None]] = []
-        for item in iterator:
-            if not isinstance(item, tuple | list) or len(item) != 2:
-                raise InvalidRecordError(f"update takes (key, value) pairs, not {item!r:.60}")
-            records.append(self._record(item[0], to_value(item[1])))
-        for key, value in kwargs.items():
-            records.append(self._record(key, to_value(value)))
-        if records:
-            self._write(records, sync=False)
-
-    def pop(self, key: bytes | str, default: Any = _MISSING) -> Any:
-        """Delete ``key`` and return its value; ``default`` if it has none (without a default:
-        ``KeyError``)."""
-        self._writer()
-        k = to_key(key, KEY_BYTES_LIMIT)
-        value = self.get(k, _MISSING)
-        if value is _MISSING:
-            if default is _MISSING:
-                raise KeyError(key)
-            return default
-        self.delete(k)
-        return value
-
-    def setdefault(self, key: bytes | str, default: bytes | str | None = None) -> bytes:
-        """The value of ``key``; if it has none, put ``default`` (a value: None is refused with
-        :class:`InvalidRecordError`) and return it as bytes."""
-        self._writer()
-        k = to_key(key, KEY_BYTES_LIMIT)
-        value = self.get(k, _MISSING)
-        if value is not _MISSING:
-            assert isinstance(value, bytes)
-            return value
-        record = self._record(k, to_value(default))
-        self._write([record], sync=False)
-        assert record[1] is not None
-        return record[1]
-
-    def popitem(self) -> tuple[bytes, bytes]:
-        """Delete the smallest key and return it with its value; ``KeyError`` when empty."""
-        self._writer()
-        for key, value in self.scan():
-            self.delete(key)
-            return key, value
-        raise KeyError("popitem(): the store is empty")
-
-    def clear(self) -> None:
-        """Delete every key present, from one snapshot of the keys, writing the deletions in
-        batches (not durable until a flush, like :meth:`delete`). Keys written meanwhile by
-        other threads or processes may stay."""
-        self._writer()
-        chunk: list[tuple[bytes, bytes | None]] = []
-        for key in self:
-            chunk.append(self._record(key, None))
-            if len(chunk) >= _CLEAR_BATCH:
-                self._write(chunk, sync=False)
-                chunk = []
-        if chunk:
-            self._write(chunk, sync=False)
 
     # -- many keys, snapshots ---------------------------------------------------------------------
     def get_many(self, keys: Iterable[bytes | str]) -> list[bytes | None]:

@@ -56,19 +56,27 @@ from spark_ext.options import driver_cache_dir, storage_options_from, store_uri
 
 __all__ = ["KvlogDataSource", "LOG_SCHEMA", "LATEST_SCHEMA", "live_batches", "read_batches"]
 
-LOG_SCHEMA = "partition int, offset bigint, timestamp bigint, key binary, value binary, is_tombstone boolean"
-LATEST_SCHEMA = "key binary, value binary, partition int, offset bigint, timestamp bigint"
+LOG_SCHEMA = ("partition int, offset bigint, timestamp bigint, key binary, value binary, is_tombstone boolean, "
+              "expires_ms bigint")
+LATEST_SCHEMA = "key binary, value binary, partition int, offset bigint, timestamp bigint, expires_ms bigint"
 _LOG_INTERNAL = LOG_SCHEMA + ", horizon bigint"
 
 _LOG_ARROW = pa.schema([
     ("partition", pa.int32()), ("offset", pa.int64()), ("timestamp", pa.int64()), ("key", pa.binary()),
-    ("value", pa.binary()), ("is_tombstone", pa.bool_()),
+    ("value", pa.binary()), ("is_tombstone", pa.bool_()), ("expires_ms", pa.int64()),
 ])
 _LOG_INTERNAL_ARROW = _LOG_ARROW.append(pa.field("horizon", pa.int64()))
 _LATEST_ARROW = pa.schema([
     ("key", pa.binary()), ("value", pa.binary()), ("partition", pa.int32()), ("offset", pa.int64()),
-    ("timestamp", pa.int64()),
+    ("timestamp", pa.int64()), ("expires_ms", pa.int64()),
 ])
+
+
+def _expires(record_batch: pa.RecordBatch) -> pa.Array:
+    """The ``expires`` column of a data-file batch (all null for a format 1 batch)."""
+    if record_batch.num_columns > 3:
+        return record_batch.column(3)
+    return pa.nulls(record_batch.num_rows, pa.int64())
 
 
 #: The columns of a DataFrame appended to a store, as the error of a bad schema names them.
@@ -149,6 +157,9 @@ class _Reader(DataSourceReader):
         self.partitions_wanted: set[int] | None = None
         self.offset_min: int | None = None
         self.offset_max: int | None = None  # exclusive
+        #: The job's time: the latest view hides records expired at it (option ``now_ms``, else
+        #: the driver's clock when the read is planned).
+        self.now_ms = int(options["now_ms"]) if options.get("now_ms") else SystemClock().now_ms()
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:  # noqa: N802 - Spark's name
         for f in filters:
@@ -205,7 +216,7 @@ class _Reader(DataSourceReader):
             values = rb.column(1)
             n = rb.num_rows
             columns = [pa.array([b.partition] * n, pa.int32()), offsets, rb.column(2), rb.column(0), values,
-                       pc.is_null(values)]
+                       pc.is_null(values), _expires(rb)]
             schema = _LOG_ARROW
             if self.internal:
                 columns.append(pa.array([b.horizon_ms] * n, pa.int64()))
@@ -222,20 +233,25 @@ class _Reader(DataSourceReader):
                 yield out
 
     def _read_latest(self, storage: Any, batches: list[LiveBatch]) -> Iterator[pa.RecordBatch]:
-        """Newest first: the first record seen of each key is its latest; tombstones hide the key."""
+        """Newest first: the first record seen of each key is its latest; tombstones, and records
+        expired at the job's time, hide the key."""
         seen: set[bytes] = set()
+        now_ms = self.now_ms
         # One ranged read per batch, newest first and lazily: a task holds one batch at a time
         # (and the keys seen), never its whole partition.
         for b, rb in read_batches(storage, batches[::-1], whole_file=False):
             keys = rb.column(0).to_pylist()
             values = rb.column(1)
+            live = pc.is_valid(values).to_pylist()
+            expires = _expires(rb)
+            when = expires.to_pylist() if expires.null_count < len(expires) else None
             offsets = _offsets(b)
             take = []
             for i in range(len(keys) - 1, -1, -1):
                 if keys[i] in seen:
                     continue
                 seen.add(keys[i])
-                if values[i].is_valid:
+                if live[i] and (when is None or when[i] is None or now_ms < when[i]):
                     take.append(i)
             if not take:
                 continue
@@ -243,7 +259,7 @@ class _Reader(DataSourceReader):
             n = len(take)
             yield pa.record_batch([
                 rb.column(0).take(idx), values.take(idx), pa.array([b.partition] * n, pa.int32()),
-                offsets.take(idx), rb.column(2).take(idx),
+                offsets.take(idx), rb.column(2).take(idx), expires.take(idx),
             ], schema=_LATEST_ARROW)
 
 

@@ -23,7 +23,9 @@ from kvlog.config import StoreConfig
 from kvlog.errors import KvlogError
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import BatchEntry, Commit, FileEntry, file_from_json, file_to_json
+from kvlog.format.datafile import EXPIRES_VERSION
 from kvlog.index import clear_index, index_put_many
+from kvlog.index.write import index_put
 from kvlog.log import open_log
 from kvlog.log.naming import data_file_name
 from kvlog.meta import MetaTxn
@@ -87,18 +89,25 @@ def compact(spark: Any, uri: str, *, storage_options: dict[str, Any] | None = No
         joined = records.join(latest, ["partition", "key"], "left")
         cleaned = F.col("first_uncleanable").isNotNull() & (F.col("offset") < F.col("first_uncleanable"))
         is_latest = F.col("latest").isNull() | (F.col("offset") >= F.col("latest"))
-        expired = F.col("is_tombstone") & F.col("horizon").isNotNull() & (F.col("horizon") <= F.lit(now))
+        # Dead records: tombstones, and records expired at the job's time (the same rule as the
+        # local cleaner's, see kvlog.compaction.survivors).
+        lapsed = F.col("expires_ms").isNotNull() & (F.col("expires_ms") <= F.lit(now))
+        dead = F.col("is_tombstone") | lapsed
+        expired = dead & F.col("horizon").isNotNull() & (F.col("horizon") <= F.lit(now))
         keep = (~cleaned) | (is_latest & ~expired)
-        new_horizon = F.when(cleaned & F.col("is_tombstone") & F.col("horizon").isNull(),
+        new_horizon = F.when(cleaned & is_latest & dead & F.col("horizon").isNull(),
                              F.lit(now + retention)).otherwise(F.col("horizon"))
         survivors = (joined.where(keep)
-                     .select("partition", "offset", "timestamp", "key", "value", new_horizon.alias("horizon"))
+                     .select("partition", "offset", "timestamp", "key", "value", new_horizon.alias("horizon"),
+                             "expires_ms")
                      .repartition(max(1, min(the_log.partitions, 64)), "partition")
                      .sortWithinPartitions("partition", "offset"))
         totals = joined.agg(F.count(F.lit(1)).alias("n"),
-                             F.sum(F.when(cleaned & F.col("is_tombstone") & ~keep, 1).otherwise(0)).alias("t"))
+                             F.sum(F.when(cleaned & F.col("is_tombstone") & ~keep, 1).otherwise(0)).alias("t"),
+                             F.sum(F.when(cleaned & lapsed & ~keep, 1).otherwise(0)).alias("e"))
         counts = totals.collect()[0]
-        writer = _OutputTask(uri, storage_options, compression, plan.output_level)
+        expires = any(b.schema == EXPIRES_VERSION for b in input_batches)
+        writer = _OutputTask(uri, storage_options, compression, plan.output_level, expires)
         files_json = survivors.mapInArrow(writer, "file string").collect()
         outputs = [file_from_json("spark output", json.loads(row["file"])) for row in files_json]
         order_outputs = sorted(outputs, key=lambda f: min(b.partition for b in f.batches))
@@ -126,6 +135,7 @@ def compact(spark: Any, uri: str, *, storage_options: dict[str, Any] | None = No
         report.records_written = written
         report.records_removed = report.records_read - written
         report.tombstones_removed = int(counts["t"] or 0)
+        report.expired_removed = int(counts["e"] or 0)
         report.bytes_read = sum(b.length for b in input_batches)
         report.bytes_written = sum(f.size for f in outputs)
         report.files_out = len(outputs)
@@ -139,11 +149,13 @@ def compact(spark: Any, uri: str, *, storage_options: dict[str, Any] | None = No
 class _OutputTask:
     """Executor side of ``compact``: sorted survivors in, output data files out (one row per file)."""
 
-    def __init__(self, uri: str, storage_options: dict[str, Any] | None, compression: str, level: int) -> None:
+    def __init__(self, uri: str, storage_options: dict[str, Any] | None, compression: str, level: int,
+                 expires: bool) -> None:
         self.uri = uri
         self.storage_options = storage_options
         self.compression = compression
         self.level = level
+        self.expires = expires  # an input has the expires column: so do the outputs
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         storage = open_storage(self.uri, self.storage_options)
@@ -160,11 +172,12 @@ class _OutputTask:
             return entry
 
         try:
-            output = OutputWriter(write_file, StoreConfig(compression=self.compression), 64 * 2**20)
+            output = OutputWriter(write_file, StoreConfig(compression=self.compression), 64 * 2**20,
+                                  expires=self.expires)
             for batch in batches:
                 cols = batch.to_pydict()
                 _feed(output, cols["partition"], cols["offset"], cols["timestamp"], cols["key"], cols["value"],
-                      cols["horizon"])
+                      cols["horizon"], cols["expires_ms"])
             output.finish()
         finally:
             storage.close()
@@ -175,8 +188,9 @@ _UNSET = object()
 
 
 def _feed(output: OutputWriter, partitions: list[int], offsets: list[int], stamps: list[int], keys: list[bytes],
-          values: list[bytes | None], horizons: list[int | None]) -> None:
-    """Add sorted survivors in runs of one partition whose tombstones share one delete horizon."""
+          values: list[bytes | None], horizons: list[int | None], expires: list[int | None]) -> None:
+    """Add sorted survivors in runs of one partition whose records that may be dead (tombstones,
+    records with an expiry) share one delete horizon."""
     n = len(keys)
     i = 0
     while i < n:
@@ -184,7 +198,7 @@ def _feed(output: OutputWriter, partitions: list[int], offsets: list[int], stamp
         run_horizon: object = _UNSET
         j = i
         while j < n and partitions[j] == partition:
-            if values[j] is None:
+            if values[j] is None or expires[j] is not None:
                 if run_horizon is _UNSET:
                     run_horizon = horizons[j]
                 elif horizons[j] != run_horizon:
@@ -192,18 +206,20 @@ def _feed(output: OutputWriter, partitions: list[int], offsets: list[int], stamp
             j += 1
         horizon = None if run_horizon is _UNSET else run_horizon
         output.add(partition, keys[i:j], values[i:j], stamps[i:j], offsets[i:j],
-                   horizon if isinstance(horizon, int) else None)
+                   horizon if isinstance(horizon, int) else None, expires[i:j])
         i = j
 
 
 def materialize(spark: Any, uri: str, output_path: str, *, storage_options: dict[str, Any] | None = None,
-                cache_dir: str | None = None, mode: str = "overwrite") -> dict[str, Any]:
-    """Write the latest state (key, value, partition, offset, timestamp) as Parquet at ``output_path``."""
+                cache_dir: str | None = None, mode: str = "overwrite", now_ms: int | None = None) -> dict[str, Any]:
+    """Write the latest state (key, value, partition, offset, timestamp, expires_ms) as Parquet at
+    ``output_path``, without the records expired at ``now_ms`` (default: the driver's clock)."""
     # Open the store on the driver first: a missing store or a bad URI is then kvlog's own
     # StoreNotFoundError / ConfigError, not a Spark AnalysisException wrapping it.
     open_log(uri, create=False, read_only=True, storage_options=storage_options,
              cache_dir=driver_cache_dir(uri, cache_dir), maintain_index=False).close()
-    df = _reader(spark, uri, storage_options, view="latest", cache_dir=cache_dir or "")
+    options = {} if now_ms is None else {"now_ms": str(now_ms)}
+    df = _reader(spark, uri, storage_options, view="latest", cache_dir=cache_dir or "", **options)
     df.write.mode(mode).parquet(output_path)
     written = spark.read.parquet(output_path)
     return {"path": output_path, "rows": written.count(), "columns": written.columns}
@@ -226,17 +242,29 @@ def rebuild_index(spark: Any, uri: str, cache_dir: str | os.PathLike[str], *,
     try:
         the_log.env.write(lambda txn: clear_index(MetaTxn(the_log.env, txn)))
         version = the_log.version
-        latest = _reader(spark, uri, storage_options, view="latest", cache_dir=os.fspath(cache_dir))
-        rows = latest.select("key", "partition", "offset", "value").orderBy(F.col("key"))
+        # Every key's latest record, expired or not (a time before every expiry): as a replay, the
+        # index keeps an expiring entry with its expiry and hides it at read time.
+        latest = _reader(spark, uri, storage_options, view="latest", cache_dir=os.fspath(cache_dir),
+                         now_ms=str(-(2**63) + 1))
+        rows = latest.select("key", "partition", "offset", "value", "expires_ms").orderBy(F.col("key"))
         inline = the_log.config.inline_value_bytes
         loaded = 0
-        pending: list[tuple[bytes, int, int, bytes]] = []
+        pending: list[tuple[bytes, int, int, bytes, int | None]] = []
 
-        def load(items: list[tuple[bytes, int, int, bytes]]) -> None:
-            the_log.env.write(lambda txn: index_put_many(MetaTxn(the_log.env, txn), items, inline))
+        def load(items: list[tuple[bytes, int, int, bytes, int | None]]) -> None:
+            def work(txn: Any) -> None:
+                meta = MetaTxn(the_log.env, txn)
+                index_put_many(meta, [(k, p, o, v) for k, p, o, v, e in items if e is None], inline)
+                for k, p, o, v, e in items:
+                    if e is not None:  # an expiring entry carries its expiry
+                        index_put(meta, k, p, o, v if len(v) <= inline else None, e)
+
+            the_log.env.write(work)
 
         for row in rows.toLocalIterator():
-            pending.append((bytes(row["key"]), int(row["partition"]), int(row["offset"]), bytes(row["value"])))
+            expires_ms = row["expires_ms"]
+            pending.append((bytes(row["key"]), int(row["partition"]), int(row["offset"]), bytes(row["value"]),
+                            None if expires_ms is None else int(expires_ms)))
             if len(pending) >= 50_000:
                 load(pending)
                 loaded += len(pending)

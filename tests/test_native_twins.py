@@ -174,8 +174,13 @@ def _run_inputs(keys: list[bytes], seed: int) -> tuple[Any, ...]:
     key_ends = np.cumsum([0] + [len(k) for k in keys]).astype(np.int32)
     value_ends = np.cumsum([0] + [len(v) for v in values]).astype(np.int32)
     live = np.array([(i + seed) % 5 != 0 for i in range(n)], dtype=np.uint8)
-    return (key_ends, b"".join(keys), value_ends, b"".join(values), np.arange(n, dtype=np.int64),
-            np.full(n, seed % 65536, dtype=np.uint16), np.arange(n, dtype=np.int64) * 3, live, 6)
+    inputs = (key_ends, b"".join(keys), value_ends, b"".join(values), np.arange(n, dtype=np.int64),
+              np.full(n, seed % 65536, dtype=np.uint16), np.arange(n, dtype=np.int64) * 3, live, 6)
+    if seed % 2:  # some entries expire (flag 4 and the expiry after the head)
+        expires = np.arange(n, dtype=np.int64) * 1_000 - seed
+        expiring = np.array([(i + seed) % 3 == 0 for i in range(n)], dtype=np.uint8)
+        return (*inputs, expires, expiring)
+    return inputs
 
 
 @SETTINGS
@@ -197,10 +202,10 @@ def test_runs_are_equal(keys: list[bytes], seed: int, probe: bytes, lower: bytes
 
 @SETTINGS
 @given(st.binary(min_size=1, max_size=20), st.integers(0, 65535), st.integers(0, 2**63), st.none() | st.binary(max_size=20),
-       st.integers(0, 60), st.binary(max_size=2))
+       st.integers(0, 60), st.binary(max_size=2), st.none() | st.integers(-(2**63) + 1, 2**63 - 1))
 def test_index_values_decode_equally(key: bytes, partition: int, offset: int, inline: bytes | None, at: int,
-                                     patch: bytes) -> None:
-    value = bytearray(encode_index_value(key, partition, offset, inline))
+                                     patch: bytes, expires: int | None) -> None:
+    value = bytearray(encode_index_value(key, partition, offset, inline, expires))
     value[at:at + len(patch)] = patch
     same(lambda m: m.runs.decode(key, bytes(value)))
     same(lambda m: m.runs.inline(key, bytes(value)))

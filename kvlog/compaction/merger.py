@@ -50,17 +50,23 @@ from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from kvlog.compaction.offset_map import MAX_RELATIVE_OFFSET, OffsetMap, fingerprints
 from kvlog.compaction.planner import Plan
+from kvlog.compaction.survivors import Kept, select
 from kvlog.config import StoreConfig
 from kvlog.errors import CorruptDataError, KvlogError
 from kvlog.format.bitmap import decode_offsets, encode_offsets, offsets_of
-from kvlog.format.columns import bool_column, valid_mask
 from kvlog.format.commit import BatchEntry, FileEntry
-from kvlog.format.datafile import DataFileWriter, decode_batch, make_record_batch
+from kvlog.format.datafile import (
+    EXPIRES_VERSION,
+    DataFileWriter,
+    batch_expires,
+    decode_batch,
+    make_record_batch,
+    with_schema,
+)
 from kvlog.memory import COMPACTION_POOL, release_unused_memory
 from kvlog.meta import LiveBatch
 from kvlog.storage.base import BytesLike, ForwardStream, Storage
@@ -105,6 +111,7 @@ class JobResult:
     bytes_read: int = 0
     bytes_written: int = 0
     map_capacity: int = 0
+    expired_removed: int = 0
 
 
 class _Streams:
@@ -209,9 +216,12 @@ class OutputWriter:
     """Accumulates kept records into batches and batches into output files (of about ``target_bytes``)."""
 
     def __init__(self, write_file: WriteFile, config: StoreConfig,
-                 target_bytes: int, spill_dir: Path | None = None) -> None:
-        """With ``spill_dir`` (a local directory) output files are built there, not in memory."""
+                 target_bytes: int, spill_dir: Path | None = None, *, expires: bool = False) -> None:
+        """With ``spill_dir`` (a local directory) output files are built there, not in memory.
+        With ``expires`` the outputs have the ``expires`` column (data-file format 2): some
+        input has it."""
         self._write_file = write_file
+        self._expires = expires
         self._config = config
         self._target = target_bytes
         self._spill_dir = spill_dir
@@ -233,18 +243,23 @@ class OutputWriter:
                     horizon: int | None) -> None:
         """Add ``records`` (of the data-file schema) of ``partition`` at ``offsets``.
 
-        ``horizon`` is their tombstones' delete horizon: a batch's horizon applies to all its
-        tombstones, so tombstones of different horizons (or none) never share a batch.
+        ``horizon`` is their dead records' delete horizon (tombstones and expired records): a
+        batch's horizon applies to all of them, so records that may be dead with different
+        horizons (or none) never share a batch.
         """
         n = records.num_rows
         if n == 0:
             return
+        if self._expires and records.num_columns < 4:
+            records = with_schema(records, EXPIRES_VERSION)  # one schema for every piece of a batch
         room = OUTPUT_BATCH_RECORDS - self._rows
         if n > room > 0:  # no output batch holds more than OUTPUT_BATCH_RECORDS records
             self.add_records(partition, records.slice(0, room), offsets[:room], horizon)
             self.add_records(partition, records.slice(room), offsets[room:], horizon)
             return
-        has_tombstone = records.column(1).null_count > 0
+        # Records that may be dead: tombstones, and records with an expiry (which share the
+        # tombstones' horizon rule, see kvlog.compaction.survivors).
+        has_tombstone = records.column(1).null_count > 0 or batch_expires(records) is not None
         if partition != self._partition or (
             has_tombstone and self._has_tombstone and horizon != self._horizon
         ):
@@ -264,10 +279,12 @@ class OutputWriter:
             self.end_batch()
 
     def add(self, partition: int, keys: Sequence[bytes], values: Sequence[bytes | None],
-            stamps: Sequence[int], offsets: Sequence[int], horizon: int | None) -> None:
-        """Add records of ``partition`` given as Python sequences (see :meth:`add_records`)."""
+            stamps: Sequence[int], offsets: Sequence[int], horizon: int | None,
+            expires: Sequence[int | None] | None = None) -> None:
+        """Add records of ``partition`` given as Python sequences, with their expiries when given
+        (see :meth:`add_records`)."""
         if keys:
-            self.add_records(partition, make_record_batch(keys, values, stamps),
+            self.add_records(partition, make_record_batch(keys, values, stamps, expires),
                              np.asarray(offsets, dtype=np.int64), horizon)
 
     def end_batch(self) -> None:
@@ -276,7 +293,7 @@ class OutputWriter:
                 spill = None
                 if self._spill_dir is not None:
                     spill = self._spill_dir / f"output-{len(self.files)}.arrow"
-                self._writer = DataFileWriter(self._config.compression, spill)
+                self._writer = DataFileWriter(self._config.compression, spill, expires=self._expires)
             pieces = self._pieces
             record_batch = pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces, memory_pool=COMPACTION_POOL)
             self._writer.add(record_batch)
@@ -347,7 +364,8 @@ def run_job(
     """
     result = JobResult(map_capacity=offset_map.capacity if offset_map is not None else 0)
     streams = _Streams(storage)
-    output = OutputWriter(write_file, config, target_file_bytes, spill_dir)
+    expires = any(b.schema == EXPIRES_VERSION for bs in batches_by_partition.values() for b in bs)
+    output = OutputWriter(write_file, config, target_file_bytes, spill_dir, expires=expires)
     writes: deque[Future[None]] = deque()
     map_in_use: threading.Event | None = None  # set once the last round's pass 2 is done with the map
     cleaned = [p for p in batches_by_partition if p in plan.clean] if offset_map is not None else []
@@ -492,17 +510,6 @@ def _pass_one(first_dirty: int, first_uncleanable: int, batches: Sequence[LiveBa
     return round_end, latest
 
 
-@dataclass
-class _Kept:
-    """What pass 2 keeps of one input batch: pieces of records to write, and counts."""
-
-    pieces: list[tuple[pa.RecordBatch, np.ndarray, int | None]]
-    """(records, their offsets, their tombstones' horizon), in offset order."""
-    read: int
-    written: int
-    tombstones_removed: int = 0
-
-
 def _pass_two(partition: int, batches: Sequence[LiveBatch], streams: _Streams, output: OutputWriter,
               cleaning: _Round, config: StoreConfig, now_ms: int, result: JobResult) -> None:
     """Rewrite the partition: keep the latest record of every key (tombstones until their horizon).
@@ -516,9 +523,9 @@ def _pass_two(partition: int, batches: Sequence[LiveBatch], streams: _Streams, o
     if not clean_batches:
         cleaning.release_map()
 
-    def prepare(batch: LiveBatch, record_batch: pa.RecordBatch) -> _Kept:
+    def prepare(batch: LiveBatch, record_batch: pa.RecordBatch) -> Kept:
         nonlocal selected
-        kept = _select(batch, record_batch, cleaning, config, now_ms)
+        kept = select(batch, record_batch, _offsets(batch), cleaning, config, now_ms)
         selected += 1
         if selected == clean_batches:
             cleaning.release_map()
@@ -527,67 +534,25 @@ def _pass_two(partition: int, batches: Sequence[LiveBatch], streams: _Streams, o
     streams.process("B", batches, prepare, _writing(partition, output, result), ahead_bytes=PASS_TWO_AHEAD_BYTES)
 
 
-def _writing(partition: int, output: OutputWriter, result: JobResult) -> Callable[[_Kept], bool]:
+def _writing(partition: int, output: OutputWriter, result: JobResult) -> Callable[[Kept], bool]:
     """Pass 2's consumer: write what a batch keeps and count it."""
 
-    def consume(kept: _Kept) -> bool:
+    def consume(kept: Kept) -> bool:
         for records, offsets, horizon in kept.pieces:
             output.add_records(partition, records, offsets, horizon)
         result.records_read += kept.read
         result.records_written += kept.written
         result.tombstones_removed += kept.tombstones_removed
+        result.expired_removed += kept.expired_removed
         return True
 
     return consume
 
 
-def _select(batch: LiveBatch, record_batch: pa.RecordBatch, cleaning: _Round, config: StoreConfig,
-            now_ms: int) -> _Kept:
-    """The survivors of one batch in pass 2 (reads the map and the bitmap, changes neither)."""
-    offsets = _offsets(batch)
-    n = len(offsets)
-    horizon = batch.horizon_ms
-    prefix_end, cleaned_end = (int(i) for i in np.searchsorted(offsets, [cleaning.first_dirty, cleaning.end]))
-    if cleaned_end == 0:  # wholly beyond the round: kept as it is
-        return _Kept([(record_batch, offsets, horizon)], n, n)
-    keep = np.ones(cleaned_end, dtype=bool)
-    if prefix_end:  # the clean section: a record goes when the dirty range has its key
-        hi, lo = fingerprints(record_batch.column(0).slice(0, prefix_end), cleaning.seed)
-        keep[:prefix_end] = cleaning.offset_map.lookup(hi, lo) < 0
-    if cleaned_end > prefix_end:  # the dirty range: a record stays when it is the latest of its key
-        alive = cleaning.latest_in(int(offsets[prefix_end]), int(offsets[cleaned_end - 1]))
-        keep[prefix_end:] = False
-        if len(alive):
-            dense = int(offsets[-1]) - int(offsets[0]) + 1 == n
-            keep[alive - int(offsets[0]) if dense else np.searchsorted(offsets[:cleaned_end], alive)] = True
-    new_horizon = horizon
-    tombstones_removed = 0
-    values = record_batch.column(1)
-    if values.null_count:
-        tombstone = ~valid_mask(values)[:cleaned_end]
-        if (tombstone & keep).any():
-            if horizon is not None and now_ms >= horizon:
-                keep &= ~tombstone
-            elif horizon is None:
-                new_horizon = now_ms + config.delete_retention_ms
-        tombstones_removed = int(np.count_nonzero(tombstone & ~keep))
-    pieces: list[tuple[pa.RecordBatch, np.ndarray, int | None]] = []
-    cleaned = record_batch.slice(0, cleaned_end)
-    kept = int(np.count_nonzero(keep))
-    if kept == cleaned_end:
-        pieces.append((cleaned, offsets[:cleaned_end], new_horizon))
-    elif kept:
-        pieces.append((pc.filter(cleaned, bool_column(keep), memory_pool=COMPACTION_POOL), offsets[:cleaned_end][keep],
-                       new_horizon))
-    if cleaned_end < n:
-        pieces.append((record_batch.slice(cleaned_end), offsets[cleaned_end:], horizon))
-    return _Kept(pieces, n, kept + n - cleaned_end, tombstones_removed)
-
-
 def _copy(partition: int, batches: Sequence[LiveBatch], streams: _Streams, output: OutputWriter,
           result: JobResult) -> None:
-    def prepare(batch: LiveBatch, record_batch: pa.RecordBatch) -> _Kept:
+    def prepare(batch: LiveBatch, record_batch: pa.RecordBatch) -> Kept:
         n = record_batch.num_rows
-        return _Kept([(record_batch, _offsets(batch), batch.horizon_ms)], n, n)
+        return Kept([(record_batch, _offsets(batch), batch.horizon_ms)], n, n)
 
     streams.process("B", batches, prepare, _writing(partition, output, result), ahead_bytes=PASS_TWO_AHEAD_BYTES)

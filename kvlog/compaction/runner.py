@@ -66,6 +66,8 @@ class CompactionReport:
     partitions: list[int] = field(default_factory=list)
     duration_s: float = 0.0
     version: int | None = None
+    expired_removed: int = 0
+    """Records removed because they had expired (and were no longer needed to hide older ones)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -223,6 +225,7 @@ class Compactor:
         report.records_written = result.records_written
         report.records_removed = result.records_read - result.records_written
         report.tombstones_removed = result.tombstones_removed
+        report.expired_removed = result.expired_removed
         report.bytes_read = result.bytes_read
         report.bytes_written = result.bytes_written
         report.files_out = len(result.outputs)

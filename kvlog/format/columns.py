@@ -32,7 +32,7 @@ else:
 
 __all__ = [
     "INDEX_HEAD_BYTES", "binary_column", "bool_column", "binary_ends", "index_pairs", "int64_column",
-    "latest_rows", "valid_mask",
+    "latest_rows", "nullable_int64_column", "valid_mask",
 ]
 
 #: Bytes before the inline value in an index value: CRC32C (big-endian u32, over the LMDB key
@@ -68,6 +68,14 @@ def int64_column(values: I64) -> pa.Array:
     """An int64 array sharing ``values``' memory (``pa.array`` would import pandas to check)."""
     values = np.ascontiguousarray(values, dtype=np.int64)
     return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+
+
+def nullable_int64_column(values: I64, valid: npt.NDArray[np.bool_]) -> pa.Array:
+    """An int64 array of ``values``, null where ``valid`` is false."""
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    nulls = int(len(valid) - np.count_nonzero(valid))
+    bits = None if nulls == 0 else pa.py_buffer(np.packbits(np.asarray(valid, dtype=bool), bitorder="little"))
+    return pa.Array.from_buffers(pa.int64(), len(values), [bits, pa.py_buffer(values)], null_count=nulls)
 
 
 def bool_column(mask: npt.NDArray[np.bool_]) -> pa.Array:

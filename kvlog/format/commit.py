@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvlog.errors import CorruptDataError
-from kvlog.format.datafile import BatchLocation
+from kvlog.format.datafile import DATAFILE_VERSION, BatchLocation
 from kvlog.format.envelope import decode_document, encode_document
 
 __all__ = [
@@ -115,6 +115,8 @@ def _batch_to_json(b: BatchEntry) -> dict[str, Any]:
         "p": b.partition, "pos": loc.position, "len": loc.length, "crc": loc.crc, "n": loc.count,
         "bytes": loc.data_bytes, "ts": [loc.min_timestamp, loc.max_timestamp],
     }
+    if loc.schema != DATAFILE_VERSION:
+        out["schema"] = loc.schema
     if b.producer_id is not None:
         out.update(pid=b.producer_id, epoch=b.epoch, seq=b.base_sequence)
     if b.base_offset is not None:
@@ -153,6 +155,7 @@ def _batch_from_json(name: str, obj: Any) -> BatchEntry:
         location=BatchLocation(
             _int(name, obj, "pos"), _int(name, obj, "len"), _int(name, obj, "crc"),
             _int(name, obj, "n"), _int(name, obj, "bytes"), ts[0], ts[1],
+            _int(name, obj, "schema", DATAFILE_VERSION),
         ),
         producer_id=_opt_int(name, obj, "pid"),
         epoch=_int(name, obj, "epoch", 0),

@@ -1,7 +1,13 @@
 """Data files: Apache Arrow IPC files with one record batch per kvlog batch.
 
 Columns ``key`` (binary, not null), ``value`` (binary, null = tombstone) and
-``timestamp`` (int64 ms). The schema carries ``kvlog.format`` in its metadata.
+``timestamp`` (int64 ms). The schema carries ``kvlog.format`` in its metadata: the data-file
+format version. Version 1 (:data:`SCHEMA`) has those three columns; version 2
+(:data:`SCHEMA_EXPIRES`) adds ``expires`` (int64 ms since the epoch, null = never), written only
+when a file holds a record with a time to live, so a file without one keeps version 1's bytes.
+A batch's entry in the batch directory names the version of its file's schema
+(:attr:`BatchLocation.schema`): a batch is read as that schema's message followed by the batch's
+own message, and a version this code does not know is refused.
 Any Arrow reader (pyarrow, DuckDB, Polars, Spark) reads the file whole; kvlog
 reads one batch at a time through its byte range — the IPC message of that
 batch — and verifies the CRC32C that the batch directory keeps for it.
@@ -24,18 +30,25 @@ import xxhash
 
 from kvlog.errors import CorruptDataError
 from kvlog.format.checksum import crc32c
-from kvlog.format.columns import binary_column, binary_ends, int64_column
+from kvlog.format.columns import binary_column, binary_ends, int64_column, nullable_int64_column
 from kvlog.format.envelope import FORMAT_VERSION
 from kvlog.memory import ARROW_POOL
 
 __all__ = [
+    "DATAFILE_VERSION",
+    "EXPIRES_VERSION",
     "SCHEMA",
+    "SCHEMA_EXPIRES",
     "BatchLocation",
+    "schema_version_of",
     "DataFileWriter",
     "decode_batch",
     "read_data_file",
     "make_record_batch",
+    "batch_expires",
     "content_digest",
+    "expires_column",
+    "with_schema",
 ]
 
 SCHEMA = pa.schema(
@@ -47,10 +60,40 @@ SCHEMA = pa.schema(
     metadata={"kvlog.format": str(FORMAT_VERSION)},
 )
 
+#: The data-file format version of :data:`SCHEMA` (no record with an expiry).
+DATAFILE_VERSION = FORMAT_VERSION
+#: The data-file format version of :data:`SCHEMA_EXPIRES`: version 1 plus the ``expires`` column.
+EXPIRES_VERSION = 2
+
+SCHEMA_EXPIRES = pa.schema(
+    [
+        pa.field("key", pa.binary(), nullable=False),
+        pa.field("value", pa.binary(), nullable=True),
+        pa.field("timestamp", pa.int64(), nullable=False),
+        pa.field("expires", pa.int64(), nullable=True),
+    ],
+    metadata={"kvlog.format": str(EXPIRES_VERSION)},
+)
+_SCHEMAS = {DATAFILE_VERSION: SCHEMA, EXPIRES_VERSION: SCHEMA_EXPIRES}
+
 _MAGIC = b"ARROW1\x00\x00"
 _CONTINUATION = b"\xff\xff\xff\xff"
-#: The schema as an IPC stream's first message: a stored batch message after it is a whole stream.
-_SCHEMA_MESSAGE = SCHEMA.serialize().to_pybytes()
+#: Each schema as an IPC stream's first message: a stored batch message after it is a whole stream.
+_SCHEMA_MESSAGES = {version: schema.serialize().to_pybytes() for version, schema in _SCHEMAS.items()}
+_SCHEMA_MESSAGE = _SCHEMA_MESSAGES[DATAFILE_VERSION]
+
+
+def schema_version_of(name: str, schema: pa.Schema) -> int:
+    """The data-file format version a whole file's ``schema`` declares, checked against the
+    columns of that version; ``CorruptDataError`` naming ``name`` for any other."""
+    declared = (schema.metadata or {}).get(b"kvlog.format", b"").decode("utf-8", "replace")
+    version = int(declared) if declared.isdigit() else -1
+    expected = _SCHEMAS.get(version)
+    if expected is None:
+        raise CorruptDataError(name, f"unknown data-file format version {declared!r}")
+    if not schema.equals(expected, check_metadata=False):
+        raise CorruptDataError(name, f"the columns do not match data-file format version {version}")
+    return version
 #: Buffers are compressed and decompressed by the calling thread, not Arrow's CPU pool: memory
 #: the pool's threads allocate stays in their allocator heaps, which nothing asks to give it
 #: back (see kvlog.memory), while the caller's is released after each flush and compaction step.
@@ -68,8 +111,8 @@ class _StreamOfMessage:
 
     closed = False
 
-    def __init__(self, batch_message: bytes | bytearray | memoryview) -> None:
-        self._parts = [memoryview(_SCHEMA_MESSAGE), memoryview(batch_message).cast("B")]
+    def __init__(self, batch_message: bytes | bytearray | memoryview, schema_message: bytes = _SCHEMA_MESSAGE) -> None:
+        self._parts = [memoryview(schema_message), memoryview(batch_message).cast("B")]
         self._position = 0
 
     def readable(self) -> bool:
@@ -111,14 +154,51 @@ class BatchLocation:
     """Key plus value bytes of the batch, uncompressed (the unit of the dirty ratio)."""
     min_timestamp: int
     max_timestamp: int
+    schema: int = DATAFILE_VERSION
+    """The data-file format version of the file's schema (:data:`EXPIRES_VERSION`: it has the
+    ``expires`` column)."""
+
+
+def expires_column(expires: Sequence[int | None]) -> pa.Array:
+    """A nullable int64 array of expiry times (None: never)."""
+    valid = np.fromiter((e is not None for e in expires), dtype=bool, count=len(expires))
+    stamps = np.fromiter((0 if e is None else e for e in expires), dtype=np.int64, count=len(expires))
+    return nullable_int64_column(stamps, valid)
 
 
 def make_record_batch(
-    keys: Sequence[bytes], values: Sequence[bytes | None], timestamps: Sequence[int]
+    keys: Sequence[bytes], values: Sequence[bytes | None], timestamps: Sequence[int],
+    expires: Sequence[int | None] | None = None,
 ) -> pa.RecordBatch:
-    """A record batch of the data-file schema from Python sequences."""
+    """A record batch of the data-file schema from Python sequences: :data:`SCHEMA`, or
+    :data:`SCHEMA_EXPIRES` when ``expires`` (one expiry or None per record) holds one."""
     stamps = np.fromiter(timestamps, dtype=np.int64, count=len(timestamps))
-    return pa.record_batch([binary_column(keys), binary_column(values), int64_column(stamps)], schema=SCHEMA)
+    columns = [binary_column(keys), binary_column(values), int64_column(stamps)]
+    if expires is not None and any(e is not None for e in expires):
+        return pa.record_batch([*columns, expires_column(expires)], schema=SCHEMA_EXPIRES)
+    return pa.record_batch(columns, schema=SCHEMA)
+
+
+def batch_expires(batch: pa.RecordBatch) -> pa.Array | None:
+    """The ``expires`` column of a record batch, or None when it has none (or holds only nulls)."""
+    if batch.num_columns < 4:
+        return None
+    column = batch.column(3)
+    return None if column.null_count == len(column) else column
+
+
+def with_schema(batch: pa.RecordBatch, version: int) -> pa.RecordBatch:
+    """``batch`` with the columns of data-file format ``version``: a batch without expiries
+    gains a null ``expires`` column, or loses one holding only nulls (``ValueError`` if it
+    holds an expiry and ``version`` has no column for it)."""
+    schema = _SCHEMAS[version]
+    columns = batch.columns[:3]
+    if version == EXPIRES_VERSION:
+        expires = batch.column(3) if batch.num_columns > 3 else pa.nulls(batch.num_rows, pa.int64())
+        return pa.record_batch([*columns, expires], schema=schema)
+    if batch_expires(batch) is not None:
+        raise ValueError("a batch with expiries needs data-file format version 2")
+    return pa.record_batch(columns, schema=schema)
 
 
 def content_digest(records: pa.RecordBatch) -> int:
@@ -143,27 +223,32 @@ def content_digest(records: pa.RecordBatch) -> int:
 class DataFileWriter:
     """Builds one data file batch by batch, in memory or in a local spill file."""
 
-    def __init__(self, compression: str = "zstd", spill_path: Path | None = None) -> None:
+    def __init__(self, compression: str = "zstd", spill_path: Path | None = None, *,
+                 expires: bool = False) -> None:
         """With ``spill_path`` the file is written there and :meth:`finish_view` maps it, so it
-        never takes process memory; :meth:`close` then deletes it."""
+        never takes process memory; :meth:`close` then deletes it. With ``expires`` the file has
+        :data:`SCHEMA_EXPIRES` (any batch may hold expiring records), else :data:`SCHEMA`."""
         self._spill_path = spill_path
+        self.schema_version = EXPIRES_VERSION if expires else DATAFILE_VERSION
+        self._schema = _SCHEMAS[self.schema_version]
         self._sink: pa.NativeFile = (
             pa.BufferOutputStream() if spill_path is None else pa.OSFile(str(spill_path), "wb")
         )
         self._mapped: pa.MemoryMappedFile | None = None
         codec = None if compression == "none" else compression
         self._writer = ipc.new_file(
-            self._sink, SCHEMA, options=ipc.IpcWriteOptions(compression=codec, use_threads=False)
+            self._sink, self._schema, options=ipc.IpcWriteOptions(compression=codec, use_threads=False)
         )
         self._spans: list[tuple[int, int, int, int, int, int]] = []
         self._finished = False
 
     def add(self, batch: pa.RecordBatch) -> int:
-        """Append ``batch`` (of :data:`SCHEMA`, at least one row); returns its index in the file."""
+        """Append ``batch`` (of either data-file schema, at least one row); returns its index in
+        the file. ``ValueError`` for a batch with expiries in a file without the column."""
         if batch.num_rows == 0:
             raise ValueError("a data-file batch holds at least one record")
-        if not batch.schema.equals(SCHEMA, check_metadata=False):
-            batch = pa.record_batch(batch.columns, schema=SCHEMA)
+        if not batch.schema.equals(self._schema, check_metadata=False):
+            batch = with_schema(batch, self.schema_version)
         start = self._sink.tell()
         self._writer.write_batch(batch)
         key_bytes = pc.sum(pc.binary_length(batch.column(0))).as_py() or 0
@@ -198,7 +283,8 @@ class DataFileWriter:
             # The writer emits the schema lazily with the first batch.
             begin = first_batch if index == 0 else start
             locations.append(
-                BatchLocation(begin, end - begin, crc32c(memoryview(data)[begin:end]), count, nbytes, lo, hi)
+                BatchLocation(begin, end - begin, crc32c(memoryview(data)[begin:end]), count, nbytes, lo, hi,
+                              self.schema_version)
             )
         return data, locations
 
@@ -242,9 +328,13 @@ def decode_batch(name: str, data: bytes | bytearray | memoryview, location: Batc
         )
     if crc32c(data) != location.crc:
         raise CorruptDataError(name, f"checksum mismatch in the batch at byte {location.position}")
+    schema_message = _SCHEMA_MESSAGES.get(location.schema)
+    if schema_message is None:
+        raise CorruptDataError(name, f"unknown data-file format version {location.schema}")
     try:
         options = _KEYS_ONLY_OPTIONS if keys_only else _READ_OPTIONS
-        batch = ipc.open_stream(_StreamOfMessage(data), options=options, memory_pool=memory_pool).read_next_batch()
+        stream = _StreamOfMessage(data, schema_message)
+        batch = ipc.open_stream(stream, options=options, memory_pool=memory_pool).read_next_batch()
         # Damage that matched the checksum must not reach a reader as offsets outside the data
         # (about 3% of the decode's time: the offsets are checked, not the bytes).
         batch.validate(full=True)

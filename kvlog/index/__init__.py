@@ -11,6 +11,7 @@ runs to the LMDB B-tree. :class:`KeyIndex` is its interface; the modules hold on
 ``scan``      scans of memtable, runs and B-tree merged
 ``many``      reading many keys in one snapshot
 ``view``      a read view held open: one snapshot and a copy of the memtable
+``expiries``  the rows of expiring entries, by which ``len`` skips the expired
 ``write``     writes within the log's own write transaction, and settling
 ``index``     :class:`KeyIndex`
 """
@@ -19,6 +20,7 @@ from kvlog.index.entry import (
     INDEX_HEAD_BYTES,
     INLINE_FLAG,
     IndexEntry,
+    RecordExpired,
     check_cache_file,
     decode_index_value,
     encode_index_value,
@@ -26,7 +28,7 @@ from kvlog.index.entry import (
 from kvlog.index.index import STALE, KeyIndex, RebuildChunk, Stale
 from kvlog.index.keys import DIRECT_KEY_BYTES, LONG_KEY_BYTES, encode_index_key, prefix_successor
 from kvlog.index.many import ResolveMany, lookup_many
-from kvlog.index.memtable import TOMBSTONE, MemTable, Tombstone
+from kvlog.index.memtable import TOMBSTONE, Expiring, MemTable, Tombstone
 from kvlog.index.snapshot import IndexReader, runs_pending
 from kvlog.index.view import IndexView
 from kvlog.index.write import (
@@ -40,8 +42,9 @@ from kvlog.index.write import (
 )
 
 __all__ = [
-    "DIRECT_KEY_BYTES", "INDEX_HEAD_BYTES", "INLINE_FLAG", "LONG_KEY_BYTES", "STALE", "TOMBSTONE", "IndexEntry",
-    "IndexReader", "IndexView", "KeyIndex", "MemTable", "RebuildChunk", "Stale", "Tombstone", "add_run", "check_cache_file",
+    "DIRECT_KEY_BYTES", "INDEX_HEAD_BYTES", "INLINE_FLAG", "LONG_KEY_BYTES", "STALE", "TOMBSTONE", "Expiring", "IndexEntry",
+    "IndexReader", "IndexView", "KeyIndex", "MemTable", "RebuildChunk", "RecordExpired", "Stale", "Tombstone", "add_run",
+    "check_cache_file",
     "clear_index", "decode_index_value", "encode_index_value", "encode_index_key", "index_batch", "index_batches",
     "index_put_many", "index_records", "lookup_many", "prefix_successor", "ResolveMany", "runs_pending",
     "settle_runs",

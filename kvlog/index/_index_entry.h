@@ -4,8 +4,9 @@
  * whole cache file). kvlog.index.entry and kvlog.index.runs document the layouts.
  *
  * An index value is the CRC32C (big-endian u32) of the LMDB key followed by everything after
- * the CRC, then partition (u16), offset (u64) and flags (u8), big-endian; then the long key's
- * length (u32) and bytes (FLAG_LONG); then the inline value (FLAG_INLINE). Words are read
+ * the CRC, then partition (u16), offset (u64) and flags (u8), big-endian; then the expiry time
+ * (i64 ms since the epoch, FLAG_EXPIRES); then the long key's length (u32) and bytes
+ * (FLAG_LONG); then the inline value (FLAG_INLINE). Words are read
  * little-endian: the extensions refuse to import on a big-endian host.
  */
 #ifndef KVLOG_INDEX_ENTRY_H
@@ -21,6 +22,8 @@
 #define HEAD_BYTES 15         /* crc (u32), partition (u16), offset (u64), flags (u8): big-endian */
 #define FLAG_INLINE 1
 #define FLAG_LONG 2
+#define FLAG_EXPIRES 4
+#define EXPIRES_BYTES 8
 #define DELETION_BYTES 4      /* a run's deletion: the CRC32C of its key */
 #define MAX_DIRECT_KEY 480
 
@@ -47,6 +50,7 @@ typedef struct {
     uint16_t partition;
     uint64_t offset;
     uint8_t flags;
+    int64_t expires; /* FLAG_EXPIRES: the expiry time, ms since the epoch */
     const char *key;
     size_t key_len;
     const char *inline_value;
@@ -60,12 +64,24 @@ static inline int entry_open(const char *lmdb_key, size_t key_len, const uint8_t
         return -1;
     }
     uint8_t flags = value[14];
-    if (flags & ~(FLAG_INLINE | FLAG_LONG)) {
+    if (flags & ~(FLAG_INLINE | FLAG_LONG | FLAG_EXPIRES)) {
         return -1;
     }
     size_t pos = HEAD_BYTES;
     e->key = lmdb_key;
     e->key_len = key_len;
+    e->expires = 0;
+    if (flags & FLAG_EXPIRES) {
+        if (n - pos < EXPIRES_BYTES) {
+            return -1;
+        }
+        uint64_t when = 0;
+        for (int b = 0; b < EXPIRES_BYTES; b++) {
+            when = (when << 8) | value[pos + b];
+        }
+        e->expires = (int64_t)when;
+        pos += EXPIRES_BYTES;
+    }
     if (flags & FLAG_LONG) {
         if (n - pos < 4) {
             return -1;
@@ -100,6 +116,14 @@ static inline int entry_open(const char *lmdb_key, size_t key_len, const uint8_t
     }
     e->flags = flags;
     return 0;
+}
+
+/* Write an expiry time at p, big-endian (after the head of an index value with FLAG_EXPIRES). */
+static inline void store_expires(uint8_t *p, int64_t expires) {
+    uint64_t when = (uint64_t)expires;
+    for (int b = 0; b < EXPIRES_BYTES; b++) {
+        p[b] = (uint8_t)(when >> (56 - 8 * b));
+    }
 }
 
 /* Write the head of an index value (the CRC over lmdb_key and what follows the CRC, which the

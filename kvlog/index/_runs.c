@@ -28,7 +28,7 @@ static int get_buffer(PyObject *obj, Py_buffer *view) {
     return PyObject_GetBuffer(obj, view, PyBUF_SIMPLE);
 }
 
-/* decode(lmdb_key, value) -> (key, partition, offset, inline value or None) */
+/* decode(lmdb_key, value) -> (key, partition, offset, inline value or None, expiry or None) */
 static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "decode() takes an LMDB key and an index value");
@@ -46,19 +46,26 @@ static PyObject *decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Entry e;
     if (entry_open(key.buf, (size_t)key.len, value.buf, (size_t)value.len, &e) < 0) {
         PyErr_SetString(PyExc_ValueError, BAD_ENTRY);
-    } else if (e.inline_value != NULL) {
-        result = Py_BuildValue("(y#HKy#)", e.key, (Py_ssize_t)e.key_len, e.partition,
-                               (unsigned long long)e.offset, e.inline_value, (Py_ssize_t)e.inline_len);
     } else {
-        result = Py_BuildValue("(y#HKO)", e.key, (Py_ssize_t)e.key_len, e.partition,
-                               (unsigned long long)e.offset, Py_None);
+        PyObject *expires = (e.flags & FLAG_EXPIRES) ? PyLong_FromLongLong((long long)e.expires) : Py_NewRef(Py_None);
+        if (expires != NULL) {
+            if (e.inline_value != NULL) {
+                result = Py_BuildValue("(y#HKy#N)", e.key, (Py_ssize_t)e.key_len, e.partition,
+                                       (unsigned long long)e.offset, e.inline_value, (Py_ssize_t)e.inline_len,
+                                       expires);
+            } else {
+                result = Py_BuildValue("(y#HKON)", e.key, (Py_ssize_t)e.key_len, e.partition,
+                                       (unsigned long long)e.offset, Py_None, expires);
+            }
+        }
     }
     PyBuffer_Release(&key);
     PyBuffer_Release(&value);
     return result;
 }
 
-/* inline(lmdb_key, value) -> the inline value, or None when the value is in a data file */
+/* inline(lmdb_key, value) -> the inline value, or None when the value is in a data file or the
+ * entry expires (its expiry is for the caller to check: decode) */
 static PyObject *inline_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "inline() takes an LMDB key and an index value");
@@ -71,7 +78,7 @@ static PyObject *inline_of(PyObject *self, PyObject *const *args, Py_ssize_t nar
             PyErr_SetString(PyExc_ValueError, BAD_ENTRY);
             return NULL;
         }
-        if (e.inline_value == NULL) {
+        if (e.inline_value == NULL || (e.flags & FLAG_EXPIRES)) {
             Py_RETURN_NONE;
         }
         return PyBytes_FromStringAndSize(e.inline_value, (Py_ssize_t)e.inline_len);
@@ -88,7 +95,7 @@ static PyObject *inline_of(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Entry e;
     if (entry_open(key.buf, (size_t)key.len, value.buf, (size_t)value.len, &e) < 0) {
         PyErr_SetString(PyExc_ValueError, BAD_ENTRY);
-    } else if (e.inline_value == NULL) {
+    } else if (e.inline_value == NULL || (e.flags & FLAG_EXPIRES)) {
         result = Py_NewRef(Py_None);
     } else {
         result = PyBytes_FromStringAndSize(e.inline_value, (Py_ssize_t)e.inline_len);
@@ -123,7 +130,7 @@ static PyObject *inline_prefix(PyObject *self, PyObject *arg) {
             Py_CLEAR(out);
             break;
         }
-        if (e.inline_value == NULL || (e.flags & FLAG_LONG)) {
+        if (e.inline_value == NULL || (e.flags & (FLAG_LONG | FLAG_EXPIRES))) {
             break;
         }
         PyObject *item = Py_BuildValue("(Oy#)", key, e.inline_value, (Py_ssize_t)e.inline_len);
@@ -276,16 +283,35 @@ static int row_in_bounds(const int32_t *ends, int64_t row, Py_ssize_t size) {
     return ends[row] >= 0 && ends[row + 1] >= ends[row] && ends[row + 1] <= size;
 }
 
-/* build(key_ends, key_data, value_ends, value_data, rows, partitions, positions, live, inline_limit)
- *   -> bytes */
+/* build(key_ends, key_data, value_ends, value_data, rows, partitions, positions, live, inline_limit
+ *       [, expires, expiring]) -> bytes; expires (i64) and expiring (u8) give row i's expiry
+ *       where expiring[i] is set (FLAG_EXPIRES) */
 static PyObject *build(PyObject *self, PyObject *args) {
     Py_buffer key_ends, key_data, value_ends, value_data, rows, partitions, positions, live;
+    Py_buffer expires_buf = {0}, expiring_buf = {0};
     Py_ssize_t inline_limit;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*n", &key_ends, &key_data, &value_ends, &value_data,
-                          &rows, &partitions, &positions, &live, &inline_limit)) {
+    PyObject *expires_obj = Py_None, *expiring_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*n|OO", &key_ends, &key_data, &value_ends, &value_data,
+                          &rows, &partitions, &positions, &live, &inline_limit, &expires_obj, &expiring_obj)) {
         return NULL;
     }
     PyObject *result = NULL;
+    const int64_t *expires = NULL;
+    const uint8_t *expiring = NULL;
+    if ((expires_obj == Py_None) != (expiring_obj == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "build: expires and expiring go together");
+        goto done;
+    }
+    if (expires_obj != Py_None) {
+        if (PyObject_GetBuffer(expires_obj, &expires_buf, PyBUF_SIMPLE) < 0) {
+            goto done;
+        }
+        if (PyObject_GetBuffer(expiring_obj, &expiring_buf, PyBUF_SIMPLE) < 0) {
+            goto done;
+        }
+        expires = (const int64_t *)expires_buf.buf;
+        expiring = (const uint8_t *)expiring_buf.buf;
+    }
     Py_ssize_t records = key_ends.len / 4 - 1;
     Py_ssize_t n = rows.len / 8;
     const int32_t *kend = (const int32_t *)key_ends.buf, *vend = (const int32_t *)value_ends.buf;
@@ -295,7 +321,7 @@ static PyObject *build(PyObject *self, PyObject *args) {
     const char *kdata = (const char *)key_data.buf, *vdata = (const char *)value_data.buf;
     if (records < 0 || key_ends.len % 4 || value_ends.len % 4 || rows.len % 8
         || value_ends.len / 4 - 1 != records || positions.len != 8 * n || partitions.len != 2 * n
-        || live.len != n) {
+        || live.len != n || (expires != NULL && (expires_buf.len != 8 * n || expiring_buf.len != n))) {
         PyErr_SetString(PyExc_ValueError, "build: buffers of different lengths");
         goto done;
     }
@@ -322,7 +348,8 @@ static PyObject *build(PyObject *self, PyObject *args) {
         key_bytes += klen;
         if (alive[i]) {
             Py_ssize_t vlen = vend[r + 1] - vend[r];
-            value_bytes += HEAD_BYTES + (vlen <= inline_limit ? (uint64_t)vlen : 0);
+            value_bytes += HEAD_BYTES + (vlen <= inline_limit ? (uint64_t)vlen : 0)
+                           + (expiring != NULL && expiring[i] ? EXPIRES_BYTES : 0);
         } else {
             value_bytes += DELETION_BYTES;
         }
@@ -355,12 +382,19 @@ static PyObject *build(PyObject *self, PyObject *args) {
         if (alive[i]) {
             Py_ssize_t vlen = vend[r + 1] - vend[r];
             int inline_value = vlen <= inline_limit;
-            size_t rest = inline_value ? (size_t)vlen : 0;
-            if (inline_value) {
-                memcpy(v + HEAD_BYTES, vdata + vend[r], rest);
+            int expiry = expiring != NULL && expiring[i];
+            size_t at = HEAD_BYTES;
+            if (expiry) {
+                store_expires(v + at, expires[i]);
+                at += EXPIRES_BYTES;
             }
-            entry_seal(v, partition[i], (uint64_t)offset[i], (uint8_t)(inline_value ? FLAG_INLINE : 0),
-                       key, klen, rest);
+            if (inline_value) {
+                memcpy(v + at, vdata + vend[r], (size_t)vlen);
+                at += (size_t)vlen;
+            }
+            size_t rest = at - HEAD_BYTES;
+            entry_seal(v, partition[i], (uint64_t)offset[i],
+                       (uint8_t)((inline_value ? FLAG_INLINE : 0) | (expiry ? FLAG_EXPIRES : 0)), key, klen, rest);
             vpos += (uint32_t)(HEAD_BYTES + rest);
         } else {
             store_be32(v, crc32c_extend(0, key, klen));
@@ -379,6 +413,12 @@ done:
     PyBuffer_Release(&partitions);
     PyBuffer_Release(&positions);
     PyBuffer_Release(&live);
+    if (expires_buf.obj != NULL) {
+        PyBuffer_Release(&expires_buf);
+    }
+    if (expiring_buf.obj != NULL) {
+        PyBuffer_Release(&expiring_buf);
+    }
     return result;
 }
 

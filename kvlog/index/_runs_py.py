@@ -35,6 +35,8 @@ RUN_MAGIC = 0x3252564B  # b"KVR2" read as a little-endian u32
 HEAD_BYTES = 15
 FLAG_INLINE = 1
 FLAG_LONG = 2
+FLAG_EXPIRES = 4
+EXPIRES_BYTES = 8
 DELETION_BYTES = 4
 MAX_DIRECT_KEY = 480
 BAD_RUN = "not an index run"
@@ -51,17 +53,23 @@ def crc32c(data: Buffer, value: int = 0, portable: bool = False, /) -> int:
     return int(_crc(memoryview(data).cast("B"), operator.index(value) & 0xFFFFFFFF))
 
 
-def open_entry(lmdb_key: bytes, value: bytes) -> tuple[bytes, int, int, int, bytes | None] | None:
+def open_entry(lmdb_key: bytes, value: bytes) -> tuple[bytes, int, int, int, bytes | None, int | None] | None:
     """``value`` checked against its LMDB key and taken apart: (user key, partition, offset,
-    flags, inline value or None); None if it is malformed or fails its CRC32C."""
+    flags, inline value or None, expiry or None); None if it is malformed or fails its CRC32C."""
     n = len(value)
     if n < HEAD_BYTES:
         return None
     flags = value[14]
-    if flags & ~(FLAG_INLINE | FLAG_LONG):
+    if flags & ~(FLAG_INLINE | FLAG_LONG | FLAG_EXPIRES):
         return None
     pos = HEAD_BYTES
     key = lmdb_key
+    expires: int | None = None
+    if flags & FLAG_EXPIRES:
+        if n - pos < EXPIRES_BYTES:
+            return None
+        expires = int.from_bytes(value[pos:pos + EXPIRES_BYTES], "big", signed=True)
+        pos += EXPIRES_BYTES
     if flags & FLAG_LONG:
         if n - pos < 4:
             return None
@@ -79,28 +87,30 @@ def open_entry(lmdb_key: bytes, value: bytes) -> tuple[bytes, int, int, int, byt
     if _crc(value[4:], _crc(lmdb_key)) != int.from_bytes(value[:4], "big"):
         return None
     partition, offset, _flags = _BODY.unpack_from(value, 4)
-    return key, partition, offset, flags, inline_value
+    return key, partition, offset, flags, inline_value, expires
 
 
 def _bytes(obj: Buffer) -> bytes:
     return obj if type(obj) is bytes else memoryview(obj).tobytes()
 
 
-def decode(lmdb_key: Buffer, value: Buffer, /) -> tuple[bytes, int, int, bytes | None]:
-    """An index value checked and taken apart: (key, partition, offset, inline value or None)."""
+def decode(lmdb_key: Buffer, value: Buffer, /) -> tuple[bytes, int, int, bytes | None, int | None]:
+    """An index value checked and taken apart: (key, partition, offset, inline value or None,
+    expiry or None)."""
     entry = open_entry(_bytes(lmdb_key), _bytes(value))
     if entry is None:
         raise ValueError(BAD_ENTRY)
-    key, partition, offset, _flags, inline_value = entry
-    return key, partition, offset, inline_value
+    key, partition, offset, _flags, inline_value, expires = entry
+    return key, partition, offset, inline_value, expires
 
 
 def inline(lmdb_key: Buffer, value: Buffer, /) -> bytes | None:
-    """An index value checked: its inline value, or None when the value is in a data file."""
+    """An index value checked: its inline value, or None when the value is in a data file or
+    the entry expires (the caller checks its expiry: :func:`decode`)."""
     entry = open_entry(_bytes(lmdb_key), _bytes(value))
     if entry is None:
         raise ValueError(BAD_ENTRY)
-    return entry[4]
+    return None if entry[3] & FLAG_EXPIRES else entry[4]
 
 
 def inline_prefix(pairs: list[tuple[bytes, bytes]], /) -> list[tuple[bytes, bytes]]:
@@ -118,7 +128,7 @@ def inline_prefix(pairs: list[tuple[bytes, bytes]], /) -> list[tuple[bytes, byte
         if entry is None:
             raise ValueError(BAD_ENTRY)
         inline_value = entry[4]
-        if inline_value is None or entry[3] & FLAG_LONG:
+        if inline_value is None or entry[3] & (FLAG_LONG | FLAG_EXPIRES):
             break
         out.append((key, inline_value))
     return out
@@ -250,9 +260,12 @@ def _rows_in_bounds(ends: np.ndarray, rows: np.ndarray, size: int) -> np.ndarray
 
 
 def build(key_ends: Buffer, key_data: Buffer, value_ends: Buffer, value_data: Buffer, rows: Buffer,
-          partitions: Buffer, positions: Buffer, live: Buffer, inline_limit: int, /) -> bytes:
-    """A run of ``rows`` of two binary columns, in strictly increasing key order; see
-    kvlog.index.runs."""
+          partitions: Buffer, positions: Buffer, live: Buffer, inline_limit: int,
+          expires: Buffer | None = None, expiring: Buffer | None = None, /) -> bytes:
+    """A run of ``rows`` of two binary columns, in strictly increasing key order, row ``i``
+    expiring at ``expires[i]`` where ``expiring[i]`` is set; see kvlog.index.runs."""
+    if (expires is None) != (expiring is None):
+        raise TypeError("build: expires and expiring go together")
     raw = [memoryview(b).cast("B") for b in (key_ends, key_data, value_ends, value_data, rows, partitions,
                                                 positions, live)]
     kend_raw, kdata, vend_raw, vdata, rows_raw, parts_raw, pos_raw, live_raw = raw
@@ -263,6 +276,14 @@ def build(key_ends: Buffer, key_data: Buffer, value_ends: Buffer, value_data: Bu
             or len(vend_raw) // 4 - 1 != records or len(pos_raw) != 8 * n or len(parts_raw) != 2 * n
             or len(live_raw) != n):
         raise ValueError("build: buffers of different lengths")
+    expiry_at: list[int] = [0] * n
+    expiry_set: list[bool] = [False] * n
+    if expires is not None and expiring is not None:
+        expires_raw, expiring_raw = memoryview(expires).cast("B"), memoryview(expiring).cast("B")
+        if len(expires_raw) != 8 * n or len(expiring_raw) != n:
+            raise ValueError("build: buffers of different lengths")
+        expiry_at = np.frombuffer(expires_raw, dtype=np.int64).tolist()
+        expiry_set = (np.frombuffer(expiring_raw, dtype=np.uint8) != 0).tolist()
     kend = np.frombuffer(kend_raw, dtype=np.int32)
     vend = np.frombuffer(vend_raw, dtype=np.int32)
     row = np.frombuffer(rows_raw, dtype=np.int64)
@@ -288,23 +309,26 @@ def build(key_ends: Buffer, key_data: Buffer, value_ends: Buffer, value_data: Bu
     inline_here = vlen <= limit
     key_bytes = int(klen.sum())
     value_bytes = int(np.where(alive, HEAD_BYTES + np.where(inline_here, vlen, 0), DELETION_BYTES).sum())
+    value_bytes += EXPIRES_BYTES * sum(1 for a, e in zip(alive.tolist(), expiry_set, strict=True) if a and e)
     if key_bytes > 0xFFFFFFFF or value_bytes > 0xFFFFFFFF or n > 0xFFFFFFFF:
         raise OverflowError("build: a run holds at most 4 GiB of keys and of values")
     all_keys = kdata.tobytes()
     all_values = vdata.tobytes()
     key_parts: list[bytes] = []
     value_parts: list[bytes] = []
-    for ks, ke, vs, ve, is_alive, is_inline, partition, offset in zip(
+    for ks, ke, vs, ve, is_alive, is_inline, partition, offset, when, expiry in zip(
             kend[row].tolist(), kend[row + 1].tolist(), vend[row].tolist(), vend[row + 1].tolist(),
             alive.tolist(), inline_here.tolist(), np.frombuffer(parts_raw, dtype=np.uint16).tolist(),
-            np.frombuffer(pos_raw, dtype=np.uint64).tolist(), strict=True):
+            np.frombuffer(pos_raw, dtype=np.uint64).tolist(), expiry_at, expiry_set, strict=True):
         key = all_keys[ks:ke]
         key_parts.append(key)
         if is_alive:
+            flags = (FLAG_INLINE if is_inline else 0) | (FLAG_EXPIRES if expiry else 0)
+            body = _BODY.pack(partition, offset, flags)
+            if expiry:
+                body += when.to_bytes(EXPIRES_BYTES, "big", signed=True)
             if is_inline:
-                body = _BODY.pack(partition, offset, FLAG_INLINE) + all_values[vs:ve]
-            else:
-                body = _BODY.pack(partition, offset, 0)
+                body += all_values[vs:ve]
             value_parts.append(_crc(body, _crc(key)).to_bytes(4, "big") + body)
         else:
             value_parts.append(_crc(key).to_bytes(4, "big"))

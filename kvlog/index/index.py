@@ -35,7 +35,7 @@ from kvlog.index.entry import (
 )
 from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key
 from kvlog.index.many import ResolveMany, lookup_many
-from kvlog.index.memtable import TOMBSTONE, MemTable
+from kvlog.index.memtable import MemTable, live_value
 from kvlog.index.pending import PinnedRuns, find_in_runs, find_in_runs_checked, runs_newest_first
 from kvlog.index.scan import Resolve, scan_pairs
 from kvlog.index.snapshot import IndexReader
@@ -62,17 +62,26 @@ class Stale:
 STALE = Stale()
 
 
+def _never_expired() -> int:
+    """The time of an index without an expiry clock: before every expiry."""
+    return -(2**63)
+
+
 class KeyIndex:
     """The key index of a log's metadata cache ``env``, with this process's memtable in front.
 
     ``apply_lock`` is held by whoever applies commits to the cache: a scan takes the memtable
     and its LMDB snapshot under it, with no apply in between. ``monotonic_s`` is the clock of
-    :meth:`lookup`'s freshness deadline.
+    :meth:`lookup`'s freshness deadline; ``now_ms`` the clock that decides which records have
+    expired (every answer hides them).
     """
 
     def __init__(self, env: LmdbEnv, *, run_limit: int, apply_lock: AbstractContextManager[object],
-                 monotonic_s: Callable[[], float]) -> None:
+                 monotonic_s: Callable[[], float], now_ms: Callable[[], int] | None = None) -> None:
         self._env = env
+        #: The clock of expiries: a record whose expiry it has reached is hidden from every read
+        #: (without one, no record expires).
+        self.now_ms: Callable[[], int] = now_ms if now_ms is not None else _never_expired
         self.run_limit = run_limit
         self._apply_lock = apply_lock
         self._monotonic_s = monotonic_s
@@ -103,7 +112,8 @@ class KeyIndex:
 
         When the memtable does not hold it and the clock has reached ``fresh_until``, returns
         :data:`STALE` instead, without reading LMDB. An entry failing its checks raises
-        ``CorruptDataError`` (the index is marked for rebuild), never returns a value.
+        ``CorruptDataError`` (the index is marked for rebuild), never returns a value. A record
+        whose expiry ``now_ms`` has reached is None, before its value is ever read.
         """
         memtable = self.memtable
         front = memtable.front.get(key)
@@ -112,7 +122,9 @@ class KeyIndex:
             if frozen is not None:
                 front = frozen.get(key)
         if front is not None:
-            return front if type(front) is bytes else None  # else a tombstone
+            if type(front) is bytes:
+                return front
+            return live_value(front, self.now_ms())  # a tombstone, or a value with a time to live
         if self._monotonic_s() >= fresh_until:
             return STALE
         if len(key) > DIRECT_KEY_BYTES:
@@ -162,11 +174,13 @@ class KeyIndex:
         raw = self._read_raw(encode_index_key(key))
         return None if raw is None else self._decoded(key, raw)
 
-    def _decoded(self, key: bytes, raw: bytes) -> bytes | IndexEntry:
+    def _decoded(self, key: bytes, raw: bytes) -> bytes | IndexEntry | None:
         try:
             entry = decode_index_value(key, raw)  # its CRC32C checked
         except ValueError:
             raise index_damage(self._env, encode_index_key(key)) from None
+        if entry.expires_ms is not None and self.now_ms() >= entry.expires_ms:
+            return None  # expired: hidden, its value never read
         return entry if entry.inline is None else entry.inline
 
     def _read_raw(self, lmdb_key: bytes) -> bytes | None:
@@ -199,14 +213,16 @@ class KeyIndex:
 
     # -- snapshots, scans, counts -----------------------------------------------------------------
     def reader(self) -> IndexReader:
-        """A consistent snapshot of the catalog and the index; ``close()`` it when done."""
+        """A consistent snapshot of the catalog and the index, hiding the records expired at the
+        clock's time when it is taken; ``close()`` it when done."""
         env = self._env
+        now_ms = self.now_ms()
         for _attempt in range(4):
-            reader = IndexReader(env, env.read())
+            reader = IndexReader(env, env.read(), now_ms)
             if reader.pin_runs():  # its index runs read in place, not copied
                 return reader
             reader.close()  # a commit landed in between: take the newer snapshot
-        return IndexReader(env, env.read())
+        return IndexReader(env, env.read(), now_ms)
 
     def scan(self, start: bytes | None, stop: bytes | None, prefix: bytes | None, reverse: bool,
              resolve: Resolve) -> Iterator[tuple[bytes, bytes]]:
@@ -216,7 +232,8 @@ class KeyIndex:
         with self._apply_lock:
             front = self.memtable.items_in_range(start, stop, prefix)
             reader = self.reader()
-        return chain.from_iterable(scan_pairs(reader, front, start, stop, prefix, reverse, resolve))
+        assert reader.now_ms is not None
+        return chain.from_iterable(scan_pairs(reader, front, start, stop, prefix, reverse, resolve, reader.now_ms))
 
     def get_many(self, keys: Sequence[bytes], resolve: ResolveMany) -> list[bytes | None]:
         """The latest values of ``keys`` (valid keys) in the order given, None where a key has
@@ -248,14 +265,14 @@ class KeyIndex:
         with self._apply_lock:
             front = self.memtable.items_in_range(None, None, None)
             reader = self.reader()
+        now_ms = reader.now_ms
+        assert now_ms is not None
         try:
-            count = reader.index_count()
+            count = reader.live_count(now_ms)
             for key, value in front:
-                present = reader.index_get(key) is not None
-                if value is TOMBSTONE and present:
-                    count -= 1
-                elif value is not TOMBSTONE and not present:
-                    count += 1
+                present = reader.index_get(key) is not None  # None when expired
+                live = live_value(value, now_ms) is not None
+                count += live - present
             return count
         finally:
             reader.close()
@@ -274,15 +291,17 @@ class KeyIndex:
         return runs > self.run_limit > 0 and self.settle_on_apply
 
     def settle(self) -> int:
-        """Merge the pending runs into the B-tree (writers paused); return how many."""
+        """Merge the pending runs into the B-tree (writers paused), deleting the entries expired
+        at the clock's time; return how many runs."""
         reader = self.reader()
         try:
             if not reader.runs_pending():
                 return 0
         finally:
             reader.close()
+        now_ms = self.now_ms()  # entries expired by then go too: reads hide them anyway
         with self.lock:
-            return int(self._env.write(lambda txn: settle_runs(MetaTxn(self._env, txn))))
+            return int(self._env.write(lambda txn: settle_runs(MetaTxn(self._env, txn), now_ms)))
 
     @contextmanager
     def settle_deferred(self) -> Iterator[None]:

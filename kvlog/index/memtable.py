@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from kvlog.index.keys import prefix_successor
 
-__all__ = ["MemTable", "TOMBSTONE", "Tombstone"]
+__all__ = ["Expiring", "MemTable", "TOMBSTONE", "Tombstone", "live_value"]
 
 
 class Tombstone:
@@ -27,6 +27,35 @@ class Tombstone:
 TOMBSTONE = Tombstone()
 
 
+class Expiring:
+    """A memtable write with a time to live: its value, and when it expires (ms since the epoch).
+
+    Writes without one stay plain ``bytes`` in the memtable (the put fast path never makes
+    one of these)."""
+
+    __slots__ = ("value", "expires_ms")
+
+    def __init__(self, value: bytes, expires_ms: int) -> None:
+        self.value = value
+        self.expires_ms = expires_ms
+
+    def __repr__(self) -> str:
+        return f"Expiring({self.value!r}, expires_ms={self.expires_ms})"
+
+
+def live_value(entry: bytes | Tombstone | Expiring, now_ms: int) -> bytes | None:
+    """The value a memtable entry shows at ``now_ms``: None for a delete or an expired write."""
+    if type(entry) is bytes:
+        return entry
+    if type(entry) is Expiring:
+        return entry.value if now_ms < entry.expires_ms else None
+    return None
+
+
+#: A memtable entry: a value, a delete, or a value with a time to live.
+Entry = bytes | Tombstone | Expiring
+
+
 class MemTable:
     """Latest unapplied write per key (the value itself, or :data:`TOMBSTONE`).
 
@@ -36,15 +65,15 @@ class MemTable:
     """
 
     def __init__(self) -> None:
-        self.front: dict[bytes, bytes | Tombstone] = {}
-        self.frozen: dict[bytes, bytes | Tombstone] | None = None
+        self.front: dict[bytes, Entry] = {}
+        self.frozen: dict[bytes, Entry] | None = None
         self.lock = threading.Lock()
 
     def put(self, key: bytes, value: bytes | None) -> None:
         with self.lock:
             self.front[key] = TOMBSTONE if value is None else value
 
-    def get(self, key: bytes) -> bytes | Tombstone | None:
+    def get(self, key: bytes) -> Entry | None:
         """The unapplied value, :data:`TOMBSTONE`, or None when the key has no unapplied write."""
         value = self.front.get(key)
         if value is None:
@@ -53,12 +82,20 @@ class MemTable:
                 return frozen.get(key)
         return value
 
-    def write(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
-        """Enter validated ``(key, value)`` writes (None: a delete), in order (call under ``lock``)."""
+    def write(self, records: Iterable[tuple[bytes, bytes | None]],
+              expires: Iterable[tuple[int, int]] = ()) -> None:
+        """Enter validated ``(key, value)`` writes (None: a delete), in order (call under
+        ``lock``); ``expires`` lists ``(position in records, expires_ms)`` of the writes that
+        have a time to live, in order."""
         front = self.front
-        for key, value in records:
+        pending = iter(expires)
+        expiring = next(pending, None)
+        for i, (key, value) in enumerate(records):
             if value is None:
                 front[key] = TOMBSTONE
+            elif expiring is not None and expiring[0] == i:
+                front[key] = Expiring(value, expiring[1])
+                expiring = next(pending, None)
             else:
                 front[key] = value
 
@@ -91,7 +128,7 @@ class MemTable:
             return len(self.front)
         return len(self.front) + sum(1 for k in frozen if k not in self.front)
 
-    def _merged(self) -> dict[bytes, bytes | Tombstone]:
+    def _merged(self) -> dict[bytes, Entry]:
         frozen = self.frozen
         if not frozen:
             return self.front
@@ -99,7 +136,7 @@ class MemTable:
 
     def items_in_range(
         self, start: bytes | None, stop: bytes | None, prefix: bytes | None
-    ) -> list[tuple[bytes, bytes | Tombstone]]:
+    ) -> list[tuple[bytes, Entry]]:
         """A sorted snapshot of entries with ``start <= key < stop`` and ``prefix``."""
         upper = stop
         if prefix:
@@ -119,11 +156,11 @@ class MemTable:
         chosen.sort(key=lambda kv: kv[0])
         return chosen
 
-    def pick(self, keys: Iterable[bytes]) -> dict[bytes, bytes | Tombstone]:
+    def pick(self, keys: Iterable[bytes]) -> dict[bytes, Entry]:
         """The unapplied writes of ``keys`` that have one, taken together under ``lock``."""
         with self.lock:
             front, frozen = self.front, self.frozen
-            picked: dict[bytes, bytes | Tombstone] = {}
+            picked: dict[bytes, Entry] = {}
             for key in keys:
                 value = front.get(key)
                 if value is None and frozen is not None:

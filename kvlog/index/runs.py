@@ -51,10 +51,12 @@ WALK_CHUNK = 4096
 
 def build_run(keys: pa.Array, values: pa.Array, rows: npt.NDArray[np.int64],
               partitions: npt.NDArray[np.uint16], positions: npt.NDArray[np.int64],
-              live: npt.NDArray[np.bool_], inline_limit: int) -> bytes:
+              live: npt.NDArray[np.bool_], inline_limit: int,
+              expires: npt.NDArray[np.int64] | None = None, expiring: npt.NDArray[np.bool_] | None = None) -> bytes:
     """The run of ``rows`` of two binary columns (rows in strictly increasing key order): row
     ``i`` points its key at ``(partitions[i], positions[i])``, with its value inline when it is
-    at most ``inline_limit`` bytes, or deletes it where ``live[i]`` is false.
+    at most ``inline_limit`` bytes, or deletes it where ``live[i]`` is false; where
+    ``expiring[i]`` is set, the entry expires at ``expires[i]``.
 
     Raises ``ValueError`` for rows out of order, out of the columns, or of other lengths.
     """
@@ -64,6 +66,8 @@ def build_run(keys: pa.Array, values: pa.Array, rows: npt.NDArray[np.int64],
         key_ends, key_data, value_ends, value_data, np.ascontiguousarray(rows, dtype=np.int64),
         np.ascontiguousarray(partitions, dtype=np.uint16), np.ascontiguousarray(positions, dtype=np.int64),
         np.ascontiguousarray(live, dtype=np.uint8), int(inline_limit),
+        *(() if expires is None or expiring is None else
+          (np.ascontiguousarray(expires, dtype=np.int64), np.ascontiguousarray(expiring, dtype=np.uint8))),
     )
     return run
 

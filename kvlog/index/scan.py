@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from kvlog.index.entry import IndexEntry
-from kvlog.index.memtable import Tombstone
+from kvlog.index.entry import IndexEntry, RecordExpired
+from kvlog.index.memtable import Entry, live_value
 from kvlog.index.snapshot import IndexReader
 
 __all__ = ["Resolve", "merge_sorted", "scan_pairs"]
@@ -23,10 +23,11 @@ Resolve = Callable[[bytes, IndexEntry, IndexReader], bytes]
 
 def merge_sorted(
     indexed: Iterator[tuple[bytes, IndexEntry]],
-    front: list[tuple[bytes, bytes | Tombstone]],
-    *, reverse: bool,
+    front: list[tuple[bytes, Entry]],
+    *, reverse: bool, now_ms: int,
 ) -> Iterator[tuple[bytes, bytes | IndexEntry]]:
-    """Merge the index's entries with the memtable's (which win), skipping tombstones."""
+    """Merge the index's entries with the memtable's (which win), skipping tombstones and the
+    memtable's writes expired at ``now_ms`` (the index's entries come filtered by their reader)."""
     if reverse:
         front = front[::-1]
     i = 0
@@ -39,29 +40,34 @@ def merge_sorted(
         while i < n and before(front[i][0], key):
             fk, fv = front[i]
             i += 1
-            if not isinstance(fv, Tombstone):
-                yield fk, fv
+            value = live_value(fv, now_ms)
+            if value is not None:
+                yield fk, value
         if i < n and front[i][0] == key:
             fk, fv = front[i]
             i += 1
-            if not isinstance(fv, Tombstone):
-                yield fk, fv
+            value = live_value(fv, now_ms)
+            if value is not None:
+                yield fk, value
             continue
         yield key, entry
     while i < n:
         fk, fv = front[i]
         i += 1
-        if not isinstance(fv, Tombstone):
-            yield fk, fv
+        value = live_value(fv, now_ms)
+        if value is not None:
+            yield fk, value
 
 
 def scan_pairs(
-    reader: IndexReader, front: list[tuple[bytes, bytes | Tombstone]], lower: bytes | None,
-    upper: bytes | None, prefix: bytes | None, reverse: bool, resolve: Resolve, *, close: bool = True,
+    reader: IndexReader, front: list[tuple[bytes, Entry]], lower: bytes | None,
+    upper: bytes | None, prefix: bytes | None, reverse: bool, resolve: Resolve, now_ms: int, *,
+    close: bool = True,
 ) -> Iterator[list[tuple[bytes, bytes]] | Iterator[tuple[bytes, bytes]]]:
     """The ``(key, value)`` pairs of a scan as parts to chain (lists of pairs read in bulk, or
-    iterators); ``reader`` is closed when the parts end or are abandoned, unless ``close`` is
-    False (a read view's reader, which outlives its scans)."""
+    iterators), hiding the records expired at ``now_ms`` (the reader's own time); ``reader`` is
+    closed when the parts end or are abandoned, unless ``close`` is False (a read view's reader,
+    which outlives its scans)."""
     try:
         if not front and not reverse:
             resume = yield from reader.index_inline_chunks(lower, upper, prefix)
@@ -70,7 +76,7 @@ def scan_pairs(
             # The chain consumes this before resuming us, so the snapshot is still open.
             lower, front = resume, []
         yield _values(reader, merge_sorted(reader.index_scan(lower, upper, prefix, reverse), front,
-                                           reverse=reverse), resolve)
+                                           reverse=reverse, now_ms=now_ms), resolve)
     finally:
         if close:
             reader.close()
@@ -84,4 +90,8 @@ def _values(reader: IndexReader, merged: Iterator[tuple[bytes, bytes | IndexEntr
         elif found.inline is not None:
             yield key, found.inline
         else:
-            yield key, resolve(key, found, reader)
+            try:
+                value = resolve(key, found, reader)
+            except RecordExpired:
+                continue  # removed by a compaction whose clock saw it expired
+            yield key, value

@@ -14,6 +14,7 @@ from typing import cast
 import lmdb
 
 from kvlog.index.entry import IndexEntry, decode_entry, entry_damage, index_inline
+from kvlog.index.expiries import expired_entries
 from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key, scan_bounds
 from kvlog.index.pending import find_in_runs_checked, merge_runs, runs_newest_first
 from kvlog.index.runs import Buffer
@@ -31,10 +32,14 @@ def runs_pending(reader: MetaReader) -> int:
 
 @guard_methods
 class IndexReader(MetaReader):
-    """Reads of the catalog and the key index within one LMDB transaction."""
+    """Reads of the catalog and the key index within one LMDB transaction.
 
-    def __init__(self, env: LmdbEnv, txn: lmdb.Transaction) -> None:
+    With ``now_ms`` the index hides the entries of records expired at that time: :meth:`index_get`
+    answers None for them and :meth:`index_scan` skips them (None: every entry, as stored)."""
+
+    def __init__(self, env: LmdbEnv, txn: lmdb.Transaction, now_ms: int | None = None) -> None:
         super().__init__(env, txn)
+        self.now_ms = now_ms
         self._run_cache: list[Buffer] | None = None
         self._run_views: lmdb.Transaction | None = None
 
@@ -47,8 +52,15 @@ class IndexReader(MetaReader):
         self._run_cache = None
 
     def index_get(self, key: bytes) -> IndexEntry | None:
-        """``key``'s entry: the newest pending run's, else the B-tree's (None: no entry)."""
-        lmdb_key = encode_index_key(key)
+        """``key``'s entry: the newest pending run's, else the B-tree's (None: no entry, or its
+        record expired at :attr:`now_ms`)."""
+        entry = self._entry_at(encode_index_key(key))
+        if entry is not None and self.now_ms is not None and entry.expired(self.now_ms):
+            return None
+        return entry
+
+    def _entry_at(self, lmdb_key: bytes) -> IndexEntry | None:
+        """The entry stored for ``lmdb_key`` (expired or not), checked."""
         found = find_in_runs_checked(self._runs(), lmdb_key)
         if found is not None:
             return decode_entry(lmdb_key, found)[1] if found else None
@@ -85,9 +97,25 @@ class IndexReader(MetaReader):
                 inline = index_inline(key, raw)  # its CRC32C checked
             except ValueError:
                 raise entry_damage(key) from None
-            out.append(inline if inline is not None else decode_entry(key, raw)[1])
+            if inline is not None:
+                out.append(inline)
+                continue
+            entry = decode_entry(key, raw)[1]
+            if self.now_ms is not None and entry.expired(self.now_ms):
+                out.append(None)  # expired: hidden, its value never read
+            else:
+                out.append(entry if entry.inline is None else entry.inline)
         cursor.close()
         return out
+
+    def live_count(self, now_ms: int) -> int:
+        """Keys in the index whose records have not expired at ``now_ms``: :meth:`index_count`
+        minus the expired entries, found through the ``expiries`` rows (never every entry)."""
+        def expiry_of(lmdb_key: bytes) -> int | None:
+            entry = self._entry_at(lmdb_key)
+            return None if entry is None else entry.expires_ms
+
+        return self.index_count() - expired_entries(self.txn, self._db["expiries"], now_ms, expiry_of)
 
     def index_count(self) -> int:
         """Keys in the index (its pending runs applied)."""
@@ -148,6 +176,7 @@ class IndexReader(MetaReader):
         if lower is not None and upper is not None and lower >= upper:
             return
         runs = self._runs()
+        now_ms = self.now_ms
         with self.txn.cursor(db=self._db["index"]) as cur:
             entries = walk_reverse(cur, upper) if reverse else walk_forward(cur, lower)
             if runs:
@@ -164,6 +193,8 @@ class IndexReader(MetaReader):
                     if upper is not None and key >= upper:
                         return
                 if prefix and not key.startswith(prefix):
+                    continue
+                if now_ms is not None and entry.expires_ms is not None and now_ms >= entry.expires_ms:
                     continue
                 yield key, entry
 

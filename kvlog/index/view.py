@@ -15,8 +15,8 @@ from collections.abc import Iterator, Sequence
 from itertools import chain
 
 from kvlog.index.entry import IndexEntry
-from kvlog.index.many import ResolveMany, lookup_many
-from kvlog.index.memtable import MemTable
+from kvlog.index.many import NEVER, ResolveMany, lookup_many
+from kvlog.index.memtable import MemTable, live_value
 from kvlog.index.scan import Resolve, scan_pairs
 from kvlog.index.snapshot import IndexReader
 
@@ -32,12 +32,15 @@ class IndexView:
         self.reader = reader
         #: The commit version the view is pinned at.
         self.version = reader.version()
+        #: The time the view answers at: records expired then are hidden, later expiries are not
+        #: (a view is frozen in time as in content).
+        self.now_ms = NEVER if reader.now_ms is None else reader.now_ms
 
     def get(self, key: bytes) -> bytes | IndexEntry | None:
         """``key``'s value (bytes), its entry (the value is in a data file), or None."""
         front = self._memtable.front.get(key)
         if front is not None:
-            return front if type(front) is bytes else None  # else a tombstone
+            return front if type(front) is bytes else live_value(front, self.now_ms)
         entry = self.reader.index_get(key)
         if entry is None:
             return None
@@ -52,7 +55,7 @@ class IndexView:
         """``(key, value)`` pairs of the view, as :meth:`kvlog.index.KeyIndex.scan` gives them."""
         front = self._memtable.items_in_range(start, stop, prefix)
         return chain.from_iterable(
-            scan_pairs(self.reader, front, start, stop, prefix, reverse, resolve, close=False))
+            scan_pairs(self.reader, front, start, stop, prefix, reverse, resolve, self.now_ms, close=False))
 
     def close(self) -> None:
         """End the view's read snapshot (idempotent)."""

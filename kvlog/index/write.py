@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow as pa
 
 from kvlog.format.columns import binary_ends, index_pairs, int64_column, latest_rows, valid_mask
-from kvlog.index.entry import encode_index_value
+from kvlog.index.entry import decode_entry, encode_index_value
+from kvlog.index.expiries import add_rows, drop_expired, prune_rows
 from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key
 from kvlog.index.runs import RUN_ID, build_run, run_entries
 from kvlog.index.snapshot import runs_pending
@@ -36,8 +37,9 @@ def add_run(meta: MetaTxn, run: bytes) -> None:
     meta.txn.put(RUN_ID.pack(number), run, db=db, append=True)  # the newest: the last key
 
 
-def settle_runs(meta: MetaTxn) -> int:
-    """Merge the pending index runs into the index, oldest first; return how many."""
+def settle_runs(meta: MetaTxn, now_ms: int | None = None) -> int:
+    """Merge the pending index runs into the index, oldest first; return how many. With
+    ``now_ms``, the entries expired at that time are deleted too (:func:`drop_expired`)."""
     db = meta.env.dbs["runs"]
     index_db = meta.env.dbs["index"]
     txn = meta.txn
@@ -65,7 +67,21 @@ def settle_runs(meta: MetaTxn) -> int:
             lower = chunk[-1][0] + b"\x00"
     if numbers:
         txn.drop(db, delete=False)
+        if now_ms is not None:
+            drop_expired(meta, now_ms, lambda lmdb_key: _current_expiry(meta, lmdb_key))
+        prune_rows(meta, lambda lmdb_key: _current_expiry(meta, lmdb_key))
     return len(numbers)
+
+
+def _current_expiry(meta: MetaTxn, lmdb_key: bytes) -> int | None:
+    """The expiry of ``lmdb_key``'s entry in the B-tree (None: none, or no entry)."""
+    value = meta.txn.get(lmdb_key, db=meta.env.dbs["index"])
+    if value is None:
+        return None
+    try:
+        return decode_entry(lmdb_key, bytes(value))[1].expires_ms
+    except ValueError:
+        raise CacheDamage("an index entry is damaged", index_only=True) from None
 
 
 def _settle(meta: MetaTxn) -> None:
@@ -78,13 +94,19 @@ def clear_index(meta: MetaTxn) -> None:
     """Empty the key index and its pending runs."""
     meta.txn.drop(meta.env.dbs["index"], delete=False)
     meta.txn.drop(meta.env.dbs["runs"], delete=False)
+    meta.txn.drop(meta.env.dbs["expiries"], delete=False)
 
 
-def index_put(meta: MetaTxn, key: bytes, partition: int, offset: int, inline: bytes | None) -> None:
-    """Point ``key`` at ``(partition, offset)``, with its value ``inline`` unless None."""
+def index_put(meta: MetaTxn, key: bytes, partition: int, offset: int, inline: bytes | None,
+              expires_ms: int | None = None) -> None:
+    """Point ``key`` at ``(partition, offset)``, with its value ``inline`` unless None, expiring
+    at ``expires_ms`` unless None."""
     _settle(meta)
-    meta.txn.put(encode_index_key(key), encode_index_value(key, partition, offset, inline),
+    lmdb_key = encode_index_key(key)
+    meta.txn.put(lmdb_key, encode_index_value(key, partition, offset, inline, expires_ms),
                  db=meta.env.dbs["index"])
+    if expires_ms is not None:
+        add_rows(meta, [(expires_ms, lmdb_key)])
 
 
 def index_apply(
@@ -120,11 +142,11 @@ def index_put_many(meta: MetaTxn, items: list[tuple[bytes, int, int, bytes]], in
 
 def index_records(
     meta: MetaTxn, partition: int | np.ndarray, keys: pa.Array, values: pa.Array, offsets: np.ndarray,
-    inline_limit: int, run_limit: int = 0,
+    inline_limit: int, run_limit: int = 0, expires: pa.Array | None = None,
 ) -> None:
     """Point ``keys`` (binary) at ``offsets`` of ``partition`` (one, or one per record) in one
     pass; the last record of a key wins, a null value (a tombstone) deletes it; values up to
-    ``inline_limit`` inline.
+    ``inline_limit`` inline; ``expires`` (int64, null: never) gives each record's expiry.
 
     With ``run_limit`` > 0 and short keys only, the entries become one index run (the caller
     merges the runs, :func:`settle_runs`, once more than ``run_limit`` are pending);
@@ -133,20 +155,37 @@ def index_records(
     if n == 0:
         return
     ends, _data = binary_ends(keys)
+    if expires is not None and expires.null_count == len(expires):
+        expires = None
     if int(np.diff(ends).max()) > DIRECT_KEY_BYTES:  # long keys: the general path
         parts = np.broadcast_to(np.asarray(partition), (n,)).tolist()
         key_list = keys.to_pylist()
-        for p, key, offset, value in zip(parts, key_list, offsets.tolist(), values.to_pylist(), strict=True):
-            index_apply(meta, p, {key: (offset, value)}, inline_limit)
+        expiry_list = [None] * n if expires is None else expires.to_pylist()
+        for p, key, offset, value, when in zip(parts, key_list, offsets.tolist(), values.to_pylist(),
+                                               expiry_list, strict=True):
+            if when is None or value is None:
+                index_apply(meta, p, {key: (offset, value)}, inline_limit)
+            else:
+                index_put(meta, key, p, offset, value if len(value) <= inline_limit else None, when)
         return
     chosen = latest_rows(keys)  # each key's last record, in key order
+    expiry_at: np.ndarray | None = None
+    expiring: np.ndarray | None = None
+    if expires is not None:
+        live_rows = valid_mask(values)[chosen]
+        expiring = np.ascontiguousarray(valid_mask(expires)[chosen] & live_rows)
+        expiry_at = np.ascontiguousarray(expires.fill_null(0).to_numpy()[chosen], dtype=np.int64)
+        add_rows(meta, zip(expiry_at[expiring].tolist(),
+                           keys.take(int64_column(chosen[expiring])).to_pylist(), strict=True))
+        if not expiring.any():
+            expiry_at = expiring = None
     if run_limit > 0:
         if isinstance(partition, np.ndarray):
             run_parts = partition[chosen]
         else:
             run_parts = np.full(len(chosen), partition, dtype=np.uint16)
         add_run(meta, build_run(keys, values, chosen, run_parts, offsets[chosen],
-                                valid_mask(values)[chosen], inline_limit))
+                                valid_mask(values)[chosen], inline_limit, expiry_at, expiring))
         return
     _settle(meta)
     index_db = meta.env.dbs["index"]
@@ -155,6 +194,8 @@ def index_records(
         for key in keys.take(int64_column(chosen[~live])).to_pylist():
             meta.txn.delete(key, db=index_db)
         chosen = np.ascontiguousarray(chosen[live])
+        if expiring is not None and expiry_at is not None:
+            expiring, expiry_at = expiring[live], expiry_at[live]
     m = len(chosen)
     if m == 0:
         return
@@ -163,6 +204,24 @@ def index_records(
     else:
         parts = np.full(m, partition, dtype=np.uint16)
     positions = np.ascontiguousarray(offsets[chosen], dtype=np.int64)
+    if expiring is not None and expiry_at is not None and expiring.any():
+        # Entries with an expiry are encoded here; the compiled encoder writes the others.
+        key_list = keys.take(int64_column(chosen[expiring])).to_pylist()
+        value_list = values.take(int64_column(chosen[expiring])).to_pylist()
+        puts = [
+            (key, encode_index_value(key, int(p), int(offset), value if len(value) <= inline_limit else None,
+                                     int(when)))
+            for key, value, p, offset, when in zip(key_list, value_list, parts[expiring].tolist(),
+                                                   positions[expiring].tolist(), expiry_at[expiring].tolist(),
+                                                   strict=True)
+        ]
+        with meta.txn.cursor(db=index_db) as cur:
+            cur.putmulti(puts)
+        keep = ~expiring
+        chosen = np.ascontiguousarray(chosen[keep])
+        parts = np.ascontiguousarray(parts[keep])
+        positions = np.ascontiguousarray(positions[keep])
+        m = len(chosen)
     with meta.txn.cursor(db=index_db) as cur:
         # Python objects for one chunk at a time: a flush's worth at once is tens of MiB.
         for start in range(0, m, _PUT_CHUNK):
@@ -185,7 +244,7 @@ def index_batch(
         if len(positions) != n:
             raise ValueError(f"{len(positions)} offsets for {n} records")
     index_records(meta, partition, record_batch.column(0), record_batch.column(1), positions, inline_limit,
-                  run_limit)
+                  run_limit, record_batch.column(3) if record_batch.num_columns > 3 else None)
 
 
 def index_batches(
@@ -203,4 +262,10 @@ def index_batches(
     positions = np.concatenate([np.arange(base, base + records.num_rows, dtype=np.int64)
                                 for _p, base, records in batches])
     partitions = np.concatenate([np.full(records.num_rows, p, dtype=np.int64) for p, _b, records in batches])
-    index_records(meta, partitions, keys, values, positions, inline_limit, run_limit)
+    expires = None
+    if any(records.num_columns > 3 for _p, _b, records in batches):
+        expires = pa.concat_arrays([
+            records.column(3) if records.num_columns > 3 else pa.nulls(records.num_rows, pa.int64())
+            for _p, _b, records in batches
+        ])
+    index_records(meta, partitions, keys, values, positions, inline_limit, run_limit, expires)

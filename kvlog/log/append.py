@@ -24,7 +24,7 @@ from kvlog.errors import (
 )
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import BatchEntry, Commit, FileEntry
-from kvlog.format.datafile import DataFileWriter, content_digest, make_record_batch
+from kvlog.format.datafile import DataFileWriter, batch_expires, content_digest, make_record_batch
 from kvlog.log.naming import data_file_name
 from kvlog.log.producers import check_batch
 from kvlog.log.records import AppendResult, ValidRecords
@@ -63,7 +63,7 @@ class PendingBatch:
 
 def to_record_batch(valid: ValidRecords) -> pa.RecordBatch:
     """The Arrow batch of validated records."""
-    return make_record_batch(valid.keys, valid.values, valid.timestamps)
+    return make_record_batch(valid.keys, valid.values, valid.timestamps, valid.expires)
 
 
 def raise_refusal(refusal: Refusal) -> NoReturn:
@@ -77,7 +77,8 @@ def write_data_file(the_log: Log, level: int, batches: Sequence[_FileBatch]) -> 
     the_log.check_open()
     if the_log.read_only:
         raise ReadOnlyError("the store is open read-only")
-    writer = DataFileWriter(the_log.config.compression)
+    expires = any(batch_expires(records) is not None for _p, records, _f in batches)
+    writer = DataFileWriter(the_log.config.compression, expires=expires)
     order = sorted(range(len(batches)), key=lambda i: batches[i][0])
     for i in order:
         writer.add(batches[i][1])

@@ -34,8 +34,8 @@ import xxhash
 
 from kvlog._native import load
 from kvlog.errors import KvlogError, ProducerError, StoreClosedError
-from kvlog.format.columns import binary_column, int64_column
-from kvlog.format.datafile import SCHEMA
+from kvlog.format.columns import binary_column, int64_column, nullable_int64_column
+from kvlog.format.datafile import SCHEMA, SCHEMA_EXPIRES
 from kvlog.index import MemTable
 from kvlog.log.append import PendingBatch
 from kvlog.log.log import Log
@@ -68,11 +68,23 @@ class _InFlight:
 
 def split_by_partition(
     keys: list[bytes], values: list[bytes | None], stamps_ns: list[int], partitions: int,
+    expiring: Sequence[tuple[int, int]] = (),
 ) -> list[tuple[int, pa.RecordBatch]]:
     """One record batch per partition holding records, in write order, sorted by partition
-    (timestamps given in nanoseconds, stored in milliseconds; a None value is a tombstone)."""
+    (timestamps given in nanoseconds, stored in milliseconds; a None value is a tombstone).
+
+    ``expiring`` lists ``(position, expires_ms)`` of the records with a time to live: then the
+    batches have the ``expires`` column (:data:`~kvlog.format.datafile.SCHEMA_EXPIRES`)."""
     n = len(keys)
     stamps = np.fromiter(stamps_ns, dtype=np.int64, count=n) // 1_000_000
+    expires: np.ndarray | None = None
+    has_expiry: np.ndarray | None = None
+    if expiring:
+        where = np.fromiter((p for p, _e in expiring), dtype=np.int64, count=len(expiring))
+        expires = np.zeros(n, dtype=np.int64)
+        has_expiry = np.zeros(n, dtype=bool)
+        expires[where] = np.fromiter((e for _p, e in expiring), dtype=np.int64, count=len(expiring))
+        has_expiry[where] = True
     order = None
     if partitions > 1:
         hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, keys), dtype=np.uint64, count=n)
@@ -82,12 +94,16 @@ def split_by_partition(
         if len(used) > 1:
             order = np.argsort(parts, kind="stable").astype(np.int64)
             stamps = stamps[order]
+            if expires is not None and has_expiry is not None:
+                expires, has_expiry = expires[order], has_expiry[order]
     else:
         used = [0]
     # The columns are made in partition order at once: one pass over the Python objects each.
-    batch = pa.record_batch(
-        [binary_column(keys, order), binary_column(values, order), int64_column(stamps)], schema=SCHEMA
-    )
+    columns = [binary_column(keys, order), binary_column(values, order), int64_column(stamps)]
+    if expires is not None and has_expiry is not None:
+        batch = pa.record_batch([*columns, nullable_int64_column(expires, has_expiry)], schema=SCHEMA_EXPIRES)
+    else:
+        batch = pa.record_batch(columns, schema=SCHEMA)
     if order is None:
         return [(used[0], batch)]
     out = []
@@ -133,6 +149,8 @@ class Flusher:
         self._flush_bytes = self._cfg.flush_bytes
         self._max_unflushed = self._cfg.max_unflushed_bytes
         self._buf.trigger = min(self._flush_bytes, self._max_unflushed)
+        #: ``(position in the buffer, expires_ms)`` of the buffered records with a time to live.
+        self._expiring: list[tuple[int, int]] = []
         self._next_sequence: dict[int, int] = {}
         self._fatal: KvlogError | None = None
         self.last_error: str | None = None
@@ -171,18 +189,27 @@ class Flusher:
         """Attend to a buffer whose put returned True: kick the background flush, or wait for it."""
         self._after_write(0, False)
 
-    def write(self, records: Sequence[tuple[bytes, bytes | None]], *, sync: bool) -> None:
-        """Buffer validated ``(key, value)`` records (None: a delete) as one unit; wait if ``sync``."""
+    def write(self, records: Sequence[tuple[bytes, bytes | None]], *, sync: bool,
+              ttls: Sequence[int | None] | None = None) -> None:
+        """Buffer validated ``(key, value)`` records (None: a delete) as one unit; wait if ``sync``.
+
+        ``ttls`` (one per record, or None) gives a value its time to live: it expires that many
+        milliseconds after its timestamp, the time of this call."""
         if self._fatal is not None:
             raise self._fatal
         size = sum(len(k) + (len(v) if v is not None else 0) + RECORD_OVERHEAD_BYTES for k, v in records)
         stamp = self._now_ns()
+        stamp_ms = stamp // 1_000_000
+        expiring = [] if ttls is None else [(i, stamp_ms + t) for i, t in enumerate(ttls) if t is not None]
         with self._lock:
+            if expiring:
+                first = len(self._buf.keys)
+                self._expiring.extend((first + i, e) for i, e in expiring)
             for key, value in records:
                 self._buf.keys.append(key)
                 self._buf.values.append(value)
                 self._buf.stamps.append(stamp)
-            self._memtable.write(records)
+            self._memtable.write(records, expiring)
             generation = self._taken + len(self._buf.keys)
             self._buf.buffered_bytes = buffered = self._buf.buffered_bytes + size
         if sync or buffered >= self._buf.trigger:
@@ -255,6 +282,7 @@ class Flusher:
         with self._lock:
             self._taken += len(self._buf.keys)
             self._buf.keys, self._buf.values, self._buf.stamps = [], [], []
+            self._expiring = []
             self._buf.buffered_bytes = 0
             self._inflight = None
             self._inflight_bytes = 0
@@ -273,13 +301,14 @@ class Flusher:
                 self._durable = max(self._durable, generation)
                 return None
             self._buf.keys, self._buf.values, self._buf.stamps = [], [], []
+            expiring, self._expiring = self._expiring, []
             self._taken = generation
             self._memtable.freeze()
             self._buf.buffered_bytes = 0
             self._inflight_bytes = nbytes
             self._buf.trigger = max(0, min(self._flush_bytes, self._max_unflushed - nbytes))
         batches = []
-        for partition, records in split_by_partition(keys, values, stamps, self._partitions):
+        for partition, records in split_by_partition(keys, values, stamps, self._partitions, expiring):
             seq = self._next_sequence.get(partition, 0)
             batches.append(PendingBatch(partition, records, seq))
             self._next_sequence[partition] = (seq + records.num_rows) % SEQUENCE_MODULUS

@@ -34,7 +34,7 @@ from kvlog.config import StoreConfig
 from kvlog.errors import CorruptDataError, InvalidRecordError, StoreClosedError
 from kvlog.format.commit import Commit, FileEntry
 from kvlog.format.identity import Identity
-from kvlog.index import IndexEntry, IndexReader, KeyIndex, RebuildChunk
+from kvlog.index import IndexEntry, IndexReader, KeyIndex, RebuildChunk, RecordExpired
 from kvlog.log import append, checkpoints, gc, producer_handle, waiting
 from kvlog.log.append import PendingBatch
 from kvlog.log.committer import Committer, OwnBatches
@@ -83,7 +83,7 @@ class Log:
         self.apply_lock = self._committer.apply_lock
         #: The key index, with this process's memtable in front of it.
         self.index = KeyIndex(env, run_limit=config.index_run_limit, apply_lock=self.apply_lock,
-                              monotonic_s=clock.monotonic_s)
+                              monotonic_s=clock.monotonic_s, now_ms=clock.now_ms)
         #: This process's read views, whose files GC keeps (see :mod:`kvlog.log.pins`).
         self.pins = PinRegistry()
 
@@ -193,10 +193,14 @@ class Log:
         else:
             batch = self.snapshot(lambda r: r.find_batch(entry.partition, entry.offset))
         if batch is None:
+            if entry.expires_ms is not None:
+                # An expiring record that compaction removed (its expiry passed by the clock of
+                # the compaction): the entry stays until it is replaced, and means no value.
+                raise RecordExpired(key)
             raise CorruptDataError(f"partition {entry.partition}", f"offset {entry.offset} is not live")
         return value_in_batch(self.env, key, entry, batch, self.read_batch(batch))
 
-    def values_of(self, pairs: list[tuple[bytes, IndexEntry]], reader: MetaReader) -> list[bytes]:
+    def values_of(self, pairs: list[tuple[bytes, IndexEntry]], reader: MetaReader) -> list[bytes | None]:
         """The values of keys at their index entries (:meth:`value_of` for each pair), looked up
         in ``reader`` (the entries' snapshot); each batch is read once, however many of the
         keys it holds."""

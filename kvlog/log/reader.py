@@ -86,6 +86,7 @@ def records_of_batch(
     keys = record_batch.column(0).to_pylist()
     values = record_batch.column(1).to_pylist()
     stamps = record_batch.column(2).to_pylist()
+    expires = record_batch.column(3).to_pylist() if record_batch.num_columns > 3 else None
     present = batch.present
     if present is None:
         offsets: Any = range(base, base + len(keys))
@@ -99,7 +100,8 @@ def records_of_batch(
             continue
         if to_offset is not None and offset >= to_offset:
             return
-        yield Record(partition, offset, stamps[i], keys[i], values[i])
+        yield Record(partition, offset, stamps[i], keys[i], values[i],
+                     None if expires is None else expires[i])
 
 
 
@@ -127,11 +129,12 @@ def value_in_batch(env: LmdbEnv, key: bytes, entry: IndexEntry, batch: LiveBatch
 
 
 def values_in_batches(env: LmdbEnv, pairs: list[tuple[bytes, IndexEntry]], reader: MetaReader,
-                      read: Callable[[LiveBatch], pa.RecordBatch]) -> list[bytes]:
+                      read: Callable[[LiveBatch], pa.RecordBatch]) -> list[bytes | None]:
     """The values of ``(key, entry)`` pairs whose values are in data files, in their order: each
     entry's batch looked up in ``reader`` (the entries' snapshot), each batch read once with
-    ``read`` for all the keys it holds. An offset no live batch holds is ``CorruptDataError``."""
-    out: list[bytes] = [b""] * len(pairs)
+    ``read`` for all the keys it holds. An offset no live batch holds is None for an expiring
+    record (compaction removed it once it expired) and ``CorruptDataError`` for any other."""
+    out: list[bytes | None] = [b""] * len(pairs)
     groups: dict[tuple[str, int], tuple[LiveBatch, list[int]]] = {}
     for i, (_key, entry) in enumerate(pairs):
         if entry.inline is not None:
@@ -139,6 +142,9 @@ def values_in_batches(env: LmdbEnv, pairs: list[tuple[bytes, IndexEntry]], reade
             continue
         batch = reader.find_batch(entry.partition, entry.offset)
         if batch is None:
+            if entry.expires_ms is not None:
+                out[i] = None
+                continue
             raise CorruptDataError(f"partition {entry.partition}", f"offset {entry.offset} is not live")
         groups.setdefault((batch.path, batch.position), (batch, []))[1].append(i)
     for batch, positions in groups.values():

@@ -16,6 +16,7 @@ __all__ = [
     "partition_for_key",
     "to_key",
     "to_value",
+    "check_ttl",
     "validate_records",
     "ValidRecords",
 ]
@@ -23,13 +24,15 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Record:
-    """One record of the log; ``value`` None is a tombstone."""
+    """One record of the log; ``value`` None is a tombstone. ``expires_ms`` is when a record
+    written with a time to live expires (ms since the epoch; None: never)."""
 
     partition: int
     offset: int
     timestamp_ms: int
     key: bytes
     value: bytes | None
+    expires_ms: int | None = None
 
     @property
     def is_tombstone(self) -> bool:
@@ -104,11 +107,13 @@ def to_value(value: Any) -> bytes:
 
 @dataclass(frozen=True)
 class ValidRecords:
-    """A validated batch: parallel lists of keys, values (None = tombstone) and timestamps."""
+    """A validated batch: parallel lists of keys, values (None = tombstone) and timestamps,
+    and of expiry times when a record has one (None: no record of the batch expires)."""
 
     keys: list[bytes]
     values: list[bytes | None]
     timestamps: list[int]
+    expires: list[int | None] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -117,18 +122,31 @@ class ValidRecords:
 def validate_records(
     records: Iterable[Sequence[Any]], *, default_timestamp: int, max_key_bytes: int, max_record_bytes: int
 ) -> ValidRecords:
-    """Validate ``(key, value_or_None[, timestamp_ms])`` tuples; the first bad one rejects all."""
+    """Validate ``(key, value_or_None[, timestamp_ms[, expires_ms_or_None]])`` tuples; the
+    first bad one rejects all. A tombstone never expires (its ``expires_ms`` must be None)."""
     keys: list[bytes] = []
     values: list[bytes | None] = []
     stamps: list[int] = []
+    expiries: list[int | None] = []
     for i, item in enumerate(records):
-        if not isinstance(item, tuple | list) or len(item) not in (2, 3):
-            raise InvalidRecordError(f"record {i}: expected (key, value) or (key, value, timestamp_ms)")
+        if not isinstance(item, tuple | list) or len(item) not in (2, 3, 4):
+            raise InvalidRecordError(
+                f"record {i}: expected (key, value), (key, value, timestamp_ms) or "
+                "(key, value, timestamp_ms, expires_ms)"
+            )
         key = to_key(item[0], max_key_bytes)
         value = None if item[1] is None else to_value(item[1])
-        ts = item[2] if len(item) == 3 else default_timestamp
-        if not isinstance(ts, int) or isinstance(ts, bool) or not -(2**63) <= ts < 2**63:
+        ts = item[2] if len(item) >= 3 else default_timestamp
+        if not _is_int64(ts):
             raise InvalidRecordError(f"record {i}: timestamp_ms must be a 64-bit integer")
+        expires = item[3] if len(item) == 4 else None
+        if expires is not None:
+            if not _is_int64(expires) or expires == -(2**63):
+                raise InvalidRecordError(
+                    f"record {i}: expires_ms must be a 64-bit integer above -2**63, or None"
+                )
+            if value is None:
+                raise InvalidRecordError(f"record {i}: a tombstone has no expiry")
         size = len(key) + (len(value) if value is not None else 0)
         if size > max_record_bytes:
             raise InvalidRecordError(
@@ -137,6 +155,18 @@ def validate_records(
         keys.append(key)
         values.append(value)
         stamps.append(ts)
+        expiries.append(expires)
     if not keys:
         raise InvalidRecordError("a batch holds at least one record")
-    return ValidRecords(keys, values, stamps)
+    return ValidRecords(keys, values, stamps, expiries if any(e is not None for e in expiries) else None)
+
+
+def _is_int64(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
+
+
+def check_ttl(ttl_ms: Any) -> int:
+    """``ttl_ms`` if it is a positive integer (not a bool) that fits 64 bits, else ``InvalidRecordError``."""
+    if not isinstance(ttl_ms, int) or isinstance(ttl_ms, bool) or not 0 < ttl_ms < 2**62:
+        raise InvalidRecordError(f"ttl_ms must be a positive integer of milliseconds, not {ttl_ms!r}")
+    return ttl_ms

@@ -80,7 +80,7 @@ def resolved_batch(file: FileEntry, batch: BatchEntry, base: int, last: int) -> 
     return LiveBatch(
         file.file_id, file.path, file.level, batch.partition, loc.position, loc.length, loc.crc,
         loc.count, loc.data_bytes, loc.min_timestamp, loc.max_timestamp, base, last,
-        batch.present, batch.tombstone_horizon_ms,
+        batch.present, batch.tombstone_horizon_ms, loc.schema,
     )
 
 

@@ -56,7 +56,7 @@ T = TypeVar("T")
 
 DB_NAMES = (
     "meta", "files", "batches", "parts", "producers", "outcomes", "pending", "index", "runs", "cleaner",
-    "condemned",
+    "condemned", "expiries",
     "offsets", "pins",
 )
 
@@ -73,9 +73,10 @@ _DAMAGED_NAME = "kvlog-damaged"
 _LMDB_FILES = ("data.mdb", "lock.mdb")
 
 #: The layout of the cache's values (meta key ``cache_layout``): index entries with their
-#: CRC32C (see kvlog.meta.cache) and the values of :data:`SEALED_DBS` sealed (:func:`seal`). A
+#: CRC32C (see kvlog.meta.cache) and the values of :data:`SEALED_DBS` sealed (:func:`seal`);
+#: index entries may carry an expiry, with a row in ``expiries`` (see kvlog.index.expiries). A
 #: cache of another layout is emptied when it is opened and rebuilt from storage.
-CACHE_LAYOUT = b"2"
+CACHE_LAYOUT = b"3"
 #: Databases whose values are sealed: checked by every read and by the check at open.
 SEALED_DBS = ("meta", "files", "batches", "parts", "producers", "outcomes", "cleaner",
               "offsets", "pins")

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvlog.format.datafile import BatchLocation
+from kvlog.format.datafile import DATAFILE_VERSION, BatchLocation
 
 __all__ = [
     "BatchOutcome",
@@ -53,12 +53,14 @@ class LiveBatch:
     """Encoded bitmap of the offsets present, relative to ``base``; None: every offset."""
     horizon_ms: int | None = None
     """Delete horizon of the batch's tombstones, once compaction stamped one."""
+    schema: int = DATAFILE_VERSION
+    """The data-file format version of its file's schema (``"schema"`` in JSON, absent for 1)."""
 
     @property
     def location(self) -> BatchLocation:
         """Where the batch is in its data file, and what reading it must find there."""
         return BatchLocation(self.position, self.length, self.crc, self.count, self.data_bytes,
-                             self.min_timestamp, self.max_timestamp)
+                             self.min_timestamp, self.max_timestamp, self.schema)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of the batch directory and of checkpoints."""
@@ -72,6 +74,8 @@ class LiveBatch:
             out["present"] = self.present
         if self.horizon_ms is not None:
             out["horizon"] = self.horizon_ms
+        if self.schema != DATAFILE_VERSION:
+            out["schema"] = self.schema
         return out
 
     @classmethod
@@ -84,6 +88,7 @@ class LiveBatch:
             int(obj["len"]), int(obj["crc"]), int(obj["n"]), int(obj["bytes"]), int(obj["ts"][0]),
             int(obj["ts"][1]), int(obj["base"]), int(obj["last"]),
             None if present is None else str(present), None if horizon is None else int(horizon),
+            int(obj.get("schema", DATAFILE_VERSION)),
         )
 
 

@@ -219,7 +219,8 @@ def _small_lmdb(path: Path) -> bytes:
     with env.begin(write=True) as txn:
         for i in range(300):
             key = b"key-%05d" % i
-            txn.put(key, encode_index_value(key, i % 3, i, b"v" * (i % 40) if i % 11 else b"w" * 5000), db=index)
+            txn.put(key, encode_index_value(key, i % 3, i, b"v" * (i % 40) if i % 11 else b"w" * 5000,
+                                            1_700_000_000_000 + i if i % 7 == 0 else None), db=index)
             txn.put(b"%d" % i, seal(b"%d" % i, b'{"n": %d}' % i), db=sealed)
             txn.put(b"%d" % i, b"%d" % (i * i), db=plain)
         txn.put(b"\x00" * 8, _run([b"a", b"b", b"c"], 2), db=runs)

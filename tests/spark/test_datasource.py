@@ -21,8 +21,8 @@ from kvlog.errors import ConfigError, StoreNotFoundError
 
 pytestmark = pytest.mark.spark
 
-LOG_COLUMNS = ["partition", "offset", "timestamp", "key", "value", "is_tombstone"]
-LATEST_COLUMNS = ["key", "value", "partition", "offset", "timestamp"]
+LOG_COLUMNS = ["partition", "offset", "timestamp", "key", "value", "is_tombstone", "expires_ms"]
+LATEST_COLUMNS = ["key", "value", "partition", "offset", "timestamp", "expires_ms"]
 
 
 def read(spark: Any, uri: str, **options: str) -> Any:
@@ -33,7 +33,7 @@ def read(spark: Any, uri: str, **options: str) -> Any:
 
 
 def expected_log(kv: Any, store: kvlog.Store) -> list[tuple[Any, ...]]:
-    return [(p, o, t, k, v, v is None) for p, o, t, k, v in kv.log_rows(store)]
+    return [(p, o, t, k, v, v is None, None) for p, o, t, k, v in kv.log_rows(store)]
 
 
 def latest_of(kv: Any, store: kvlog.Store) -> dict[bytes, tuple[bytes, int, int, int]]:
@@ -54,7 +54,7 @@ def test_log_view_equals_changes(spark: Any, kv: Any, tmp_path: Path) -> None:
         df = read(spark, path)
         assert df.columns == LOG_COLUMNS
         assert [f.dataType.simpleString() for f in df.schema.fields] == [
-            "int", "bigint", "bigint", "binary", "binary", "boolean"]
+            "int", "bigint", "bigint", "binary", "binary", "boolean", "bigint"]
         got = sorted(kv.table_rows(df.toArrow(), LOG_COLUMNS))
         want = expected_log(kv, store)
         assert len(want) == 1200

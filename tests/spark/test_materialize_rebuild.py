@@ -39,7 +39,7 @@ def test_materialize_writes_the_latest_state(spark: Any, kv: Any, tmp_path: Path
     out = tmp_path / "latest.parquet"
     result = spark_ext.materialize(spark, str(path), str(out))
     assert result["rows"] == len(model)
-    assert result["columns"] == ["key", "value", "partition", "offset", "timestamp"]
+    assert result["columns"] == ["key", "value", "partition", "offset", "timestamp", "expires_ms"]
     table = pq.read_table(out)
     rows = kv.table_rows(table, ["key", "value", "partition", "offset", "timestamp"])
     assert len(rows) == len({r[0] for r in rows})

@@ -17,7 +17,7 @@ import spark_ext
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 
-LOG_COLUMNS = ["partition", "offset", "timestamp", "key", "value", "is_tombstone"]
+LOG_COLUMNS = ["partition", "offset", "timestamp", "key", "value", "is_tombstone", "expires_ms"]
 
 
 def test_views_append_compact_and_materialize_on_seaweedfs(
@@ -27,7 +27,7 @@ def test_views_append_compact_and_materialize_on_seaweedfs(
     cache = str(tmp_path / "cache")
     with kvlog.open(uri, storage_options=options, cache_dir=cache, partitions=4, **kv.MANUAL) as store:
         model = kv.fill(store, ops=600, keys=80, seed=61)
-        want = [(p, o, t, k, v, v is None) for p, o, t, k, v in kv.log_rows(store)]
+        want = [(p, o, t, k, v, v is None, None) for p, o, t, k, v in kv.log_rows(store)]
 
     def reader() -> Any:
         r = spark.read.format("kvlog").option("cache_dir", str(tmp_path / "spark-cache"))

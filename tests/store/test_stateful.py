@@ -1,7 +1,8 @@
 """A model test: a Store and a dict driven side by side.
 
-The machine writes with puts, deletes and batches (some aborted), flushes,
-compacts (on a manual clock that moves tombstones past their horizon),
+The machine writes with puts, deletes and batches (some aborted), some puts with a time to
+live, flushes, compacts (on a manual clock that moves tombstones past their horizon and
+expiring records past their expiry),
 reads with get/contains/len/scan, closes and reopens, crashes and reopens
 (``close(flush=False)``), and keeps a second, read-only handle with its own
 metadata cache, and snapshots: each holds a copy of ``model`` frozen when it was taken
@@ -11,7 +12,9 @@ Two models are kept: ``model`` (what the writer must read) and
 ``durable`` (what survives a crash: everything before the last flush, sync
 write, batch exit or close). Nothing flushes on its own (flush_interval_ms=0,
 huge flush_bytes and max_unflushed_bytes), so the read-only handle must see
-exactly ``durable``, never more. ``store.check()`` must be empty after every step.
+exactly ``durable``, never more. ``store.check()`` must be empty after every step. The models
+keep each key's value and expiry; every read must hide a record whose expiry the clock has
+reached (and never show an older value of its key instead).
 
 Keys come from a small alphabet, so collisions and shared prefixes are common,
 and include keys of 478..503 bytes sharing their first 480 bytes, on both
@@ -59,6 +62,10 @@ prefixes = st.none() | st.just(b"") | st.text(alphabet="akz", min_size=1, max_si
 # Mostly small (inlined in the index) values, sometimes larger than inline_value_bytes (read from data files).
 values = st.builds(lambda head, pad: head + b"v" * pad, st.binary(max_size=6), st.sampled_from([0, 0, 0, 1500]))
 batch_ops = st.lists(st.tuples(keys, st.none() | values), min_size=1, max_size=8)
+#: Times to live: mostly none, else shorter or longer than the clock's steps.
+ttls = st.sampled_from([None, None, None, 1, 500, 2000])
+#: A model of the store: each key's value and expiry (None: never).
+Model = dict[bytes, tuple[bytes, int | None]]
 
 
 #: Compaction with a small offset map, quick merges and short tombstone retention, on the
@@ -109,11 +116,28 @@ class StoreMachine(RuleBasedStateMachine):
                                          "file_delete_delay_ms": 1000}
         self.store = self.root.open(partitions=3, clock=self.clock, **self.settings)
         self.reader = self.root.open(cache="reader", read_only=True, clock=self.clock)
-        self.model: dict[bytes, bytes] = {}
-        self.durable: dict[bytes, bytes] = {}
+        self.stored: Model = {}
+        self.durable_stored: Model = {}
         self.version = self.store.flush()
         #: Open snapshots of ``store``, each with the model frozen when it was taken.
         self.snapshots: list[tuple[kvlog.Snapshot, dict[bytes, bytes]]] = []
+
+    def _live(self, stored: Model) -> dict[bytes, bytes]:
+        now = self.clock.now_ms()
+        return {k: v for k, (v, expires) in stored.items() if expires is None or now < expires}
+
+    @property
+    def model(self) -> dict[bytes, bytes]:
+        """What the writer must read now."""
+        return self._live(self.stored)
+
+    @property
+    def durable(self) -> dict[bytes, bytes]:
+        """What survives a crash, as read now."""
+        return self._live(self.durable_stored)
+
+    def _expiry(self, ttl: int | None) -> int | None:
+        return None if ttl is None else self.clock.now_ms() + ttl
 
     def teardown(self) -> None:
         for snap, _frozen in self.snapshots:
@@ -125,25 +149,25 @@ class StoreMachine(RuleBasedStateMachine):
             shutil.rmtree(self.root.uri, ignore_errors=True)
 
     def _made_durable(self) -> None:
-        self.durable = dict(self.model)
+        self.durable_stored = dict(self.stored)
 
     # -- writes ---------------------------------------------------------------------------------
-    @rule(key=keys, value=values, sync=st.booleans(), as_str=st.booleans())
-    def put(self, key: bytes, value: bytes, sync: bool, as_str: bool) -> None:
-        self.store.put(_as_given(key, as_str), value, sync=sync)
-        self.model[key] = value
+    @rule(key=keys, value=values, sync=st.booleans(), as_str=st.booleans(), ttl=ttls)
+    def put(self, key: bytes, value: bytes, sync: bool, as_str: bool, ttl: int | None) -> None:
+        self.store.put(_as_given(key, as_str), value, sync=sync, ttl_ms=ttl)
+        self.stored[key] = (value, self._expiry(ttl))
         if sync:
             self._made_durable()
 
     @rule(key=keys, value=values)
     def set_item(self, key: bytes, value: bytes) -> None:
         self.store[key] = value
-        self.model[key] = value
+        self.stored[key] = (value, None)
 
     @rule(key=keys, sync=st.booleans())
     def delete(self, key: bytes, sync: bool) -> None:
         self.store.delete(key, sync=sync)
-        self.model.pop(key, None)
+        self.stored.pop(key, None)
         if sync:
             self._made_durable()
 
@@ -151,25 +175,25 @@ class StoreMachine(RuleBasedStateMachine):
     def del_item(self, key: bytes) -> None:
         if key in self.model:
             del self.store[key]
-            del self.model[key]
+            del self.stored[key]
         else:
             with pytest.raises(KeyError):
                 del self.store[key]
 
-    @rule(ops=batch_ops)
-    def batch(self, ops: list[tuple[bytes, bytes | None]]) -> None:
+    @rule(ops=batch_ops, ttl=ttls)
+    def batch(self, ops: list[tuple[bytes, bytes | None]], ttl: int | None) -> None:
         with self.store.batch() as b:
-            for key, value in ops:
+            for i, (key, value) in enumerate(ops):
                 if value is None:
                     b.delete(key)
                 else:
-                    b.put(key, value)
+                    b.put(key, value, ttl_ms=ttl if i % 2 else None)
             assert len(b) == len(ops)
-        for key, value in ops:
+        for i, (key, value) in enumerate(ops):
             if value is None:
-                self.model.pop(key, None)
+                self.stored.pop(key, None)
             else:
-                self.model[key] = value
+                self.stored[key] = (value, self._expiry(ttl if i % 2 else None))
         self._made_durable()
 
     @rule(ops=batch_ops)
@@ -270,12 +294,12 @@ class StoreMachine(RuleBasedStateMachine):
         overwrite, a compaction replacing every file, and GC with every replaced file past its
         delay: every open snapshot still reads its frozen model, from storage (no cached batch)."""
         self.store.put(key, b"before-" + b"b" * (1500 if big else 0))
-        self.model[key] = b"before-" + b"b" * (1500 if big else 0)
+        self.stored[key] = (b"before-" + b"b" * (1500 if big else 0), None)
         self.store.flush()
         if snapshot_first and len(self.snapshots) < 3:
             self._snapshot()
         self.store.put(key, b"after")
-        self.model[key] = b"after"
+        self.stored[key] = (b"after", None)
         self.store.flush()
         self._made_durable()
         self.store.compact(force=True)
@@ -300,7 +324,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(ms=st.sampled_from([1, 600, 1500]))
     def advance_time(self, ms: int) -> None:
-        self.clock.advance(ms)  # tombstones pass their horizon (delete_retention_ms=1000)
+        self.clock.advance(ms)  # tombstones pass their horizon (delete_retention_ms=1000), records expire
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _snapshots_released(self) -> None:
@@ -322,7 +346,7 @@ class StoreMachine(RuleBasedStateMachine):
     def crash_and_reopen(self) -> None:
         self.store.close(flush=False)
         self._snapshots_released()
-        self.model = dict(self.durable)
+        self.stored = dict(self.durable_stored)
         self.store = self.root.open(clock=self.clock, **self.settings)
         assert list(self.store.scan()) == sorted(self.model.items())
         assert len(self.store) == len(self.model)

@@ -1,0 +1,105 @@
+"""Pass 2's choice of survivors: which records of a batch a cleaning round keeps.
+
+A record of the cleaned range stays iff it is the latest of its key (looked up in the offset
+map for the clean section, in the round's bitmap for the dirty range) and it is not a dead
+record past its batch's delete horizon. Dead records are tombstones and records whose expiry
+the round's time has reached: both still supersede every older record of their key, which the
+same pass removes, so they are kept, stamped with ``now + delete_retention_ms`` the first time a
+round keeps them, and removed by a round at or after that horizon. Records at or beyond the
+round's end are kept as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kvlog.compaction.offset_map import fingerprints
+from kvlog.config import StoreConfig
+from kvlog.format.columns import bool_column, valid_mask
+from kvlog.format.datafile import batch_expires
+from kvlog.memory import COMPACTION_POOL
+from kvlog.meta import LiveBatch
+
+if TYPE_CHECKING:
+    from kvlog.compaction.merger import _Round
+
+__all__ = ["Kept", "expired_rows", "select"]
+
+
+@dataclass
+class Kept:
+    """What pass 2 keeps of one input batch: pieces of records to write, and counts."""
+
+    pieces: list[tuple[pa.RecordBatch, np.ndarray, int | None]]
+    """(records, their offsets, their dead records' horizon), in offset order."""
+    read: int
+    written: int
+    tombstones_removed: int = 0
+    expired_removed: int = 0
+
+
+def select(batch: LiveBatch, record_batch: pa.RecordBatch, offsets: np.ndarray, cleaning: _Round,
+           config: StoreConfig, now_ms: int) -> Kept:
+    """The survivors of one batch (its records at ``offsets``) in pass 2 (reads the map and the
+    bitmap, changes neither)."""
+    n = len(offsets)
+    horizon = batch.horizon_ms
+    prefix_end, cleaned_end = (int(i) for i in np.searchsorted(offsets, [cleaning.first_dirty, cleaning.end]))
+    if cleaned_end == 0:  # wholly beyond the round: kept as it is
+        return Kept([(record_batch, offsets, horizon)], n, n)
+    keep = np.ones(cleaned_end, dtype=bool)
+    if prefix_end:  # the clean section: a record goes when the dirty range has its key
+        hi, lo = fingerprints(record_batch.column(0).slice(0, prefix_end), cleaning.seed)
+        keep[:prefix_end] = cleaning.offset_map.lookup(hi, lo) < 0
+    if cleaned_end > prefix_end:  # the dirty range: a record stays when it is the latest of its key
+        alive = cleaning.latest_in(int(offsets[prefix_end]), int(offsets[cleaned_end - 1]))
+        keep[prefix_end:] = False
+        if len(alive):
+            dense = int(offsets[-1]) - int(offsets[0]) + 1 == n
+            keep[alive - int(offsets[0]) if dense else np.searchsorted(offsets[:cleaned_end], alive)] = True
+    new_horizon = horizon
+    tombstones_removed = expired_removed = 0
+    values = record_batch.column(1)
+    # A record expired at the round's time is dead like a tombstone: it still supersedes the
+    # older records of its key (which the map removes in this same pass), is kept while it is
+    # the latest of its key, and goes once its batch's delete horizon has passed.
+    tombstone = ~valid_mask(values)[:cleaned_end] if values.null_count else None
+    expired = expired_rows(record_batch, cleaned_end, now_ms)
+    dead = tombstone if expired is None else expired if tombstone is None else tombstone | expired
+    if dead is not None:
+        if (dead & keep).any():
+            if horizon is not None and now_ms >= horizon:
+                keep &= ~dead
+            elif horizon is None:
+                new_horizon = now_ms + config.delete_retention_ms
+        if tombstone is not None:
+            tombstones_removed = int(np.count_nonzero(tombstone & ~keep))
+        if expired is not None:
+            expired_removed = int(np.count_nonzero(expired & ~keep))
+    pieces: list[tuple[pa.RecordBatch, np.ndarray, int | None]] = []
+    cleaned = record_batch.slice(0, cleaned_end)
+    kept = int(np.count_nonzero(keep))
+    if kept == cleaned_end:
+        pieces.append((cleaned, offsets[:cleaned_end], new_horizon))
+    elif kept:
+        pieces.append((pc.filter(cleaned, bool_column(keep), memory_pool=COMPACTION_POOL), offsets[:cleaned_end][keep],
+                       new_horizon))
+    if cleaned_end < n:
+        pieces.append((record_batch.slice(cleaned_end), offsets[cleaned_end:], horizon))
+    return Kept(pieces, n, kept + n - cleaned_end, tombstones_removed, expired_removed)
+
+
+def expired_rows(record_batch: pa.RecordBatch, rows: int, now_ms: int) -> np.ndarray | None:
+    """Which of the first ``rows`` records have expired at ``now_ms`` (None: none has)."""
+    expires = batch_expires(record_batch)
+    if expires is None:
+        return None
+    head = expires.slice(0, rows)
+    when = head.fill_null(np.iinfo(np.int64).max).to_numpy(zero_copy_only=False)
+    expired: np.ndarray = valid_mask(head) & (when <= now_ms)
+    return expired if expired.any() else None
