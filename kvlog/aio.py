@@ -273,6 +273,7 @@ class AsyncStore:
         """The rows of ``source``, one worker hop per chunk; the source is closed in a worker
         however the iteration ends (exhausted, failed, cancelled, closed or dropped)."""
         self._sources.add(source)
+        cancelled = False
         try:
             while True:
                 chunk, ended = await self._call(source.fetch)
@@ -280,11 +281,15 @@ class AsyncStore:
                     yield row
                 if ended:
                     return
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
         finally:
             if source.is_open:
                 job = self._submit(source.close)
-                if job is not None:
-                    # Shielded: a second cancellation cannot withdraw the close.
+                # aclose() returns once the snapshot is released; a cancelled task does not wait
+                # (its fetch may still be running: the close follows it in a worker).
+                if job is not None and not cancelled:
                     await asyncio.shield(asyncio.wrap_future(job))
 
     # -- maintenance ----------------------------------------------------------------------------
