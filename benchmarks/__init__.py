@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", action="append",
                         help="run only the steps whose id starts with this (repeatable): log, "
                              "log.append, log.durable_local, log.s3, store, store.puts, store.gets, "
-                             "store.scan, store.durable_threads, store.memory, store.recovery, "
+                             "store.scan, store.durable_threads, store.memory, store.recovery, store.aio, "
                              "compaction, spark")
     parser.add_argument("--work-dir", help="where the temporary stores go (default: the system temp)")
     parser.add_argument("--records", type=int, help="override the number of records")

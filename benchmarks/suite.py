@@ -1191,6 +1191,13 @@ def bench_store_recovery(ctx: Context) -> list[dict[str, Any]]:
     return entries
 
 
+def bench_store_aio(ctx: Context) -> list[dict[str, Any]]:
+    """kvlog.aio's awaited get and put vs the sync calls (``benchmarks/aio.py``)."""
+    from benchmarks.aio import bench_store_aio as run  # it imports this module
+
+    return run(ctx)
+
+
 # -- the suite ----------------------------------------------------------------------------------
 
 Step = tuple[str, str, int, str, Callable[[Context], "dict[str, Any] | list[dict[str, Any]]"]]
@@ -1205,6 +1212,7 @@ STEPS: list[Step] = [
     ("store.durable_threads", "store", 4, "durable writes/s, 16 threads", bench_store_durable_threads),
     ("store.memory", "store", 4, "peak RssAnon", bench_store_memory),
     ("store.recovery", "store", 4, "reopen + first get after kill -9", bench_store_recovery),
+    ("store.aio", "store", 4, "asyncio overhead per call", bench_store_aio),
 ]
 
 
