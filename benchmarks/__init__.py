@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run only the steps whose id starts with this (repeatable): log, "
                              "log.append, log.durable_local, log.s3, store, store.puts, store.gets, "
                              "store.scan, store.get_many, store.durable_threads, store.memory, store.recovery, "
-                             "consumer, consumer.poll, consumer.latency, compaction, spark")
+                             "store.aio, consumer, consumer.poll, consumer.latency, compaction, spark")
     parser.add_argument("--work-dir", help="where the temporary stores go (default: the system temp)")
     parser.add_argument("--records", type=int, help="override the number of records")
     parser.add_argument("--recovery-keys", type=int,

@@ -1193,6 +1193,13 @@ def bench_store_recovery(ctx: Context) -> list[dict[str, Any]]:
     return entries
 
 
+def bench_store_aio(ctx: Context) -> list[dict[str, Any]]:
+    """kvlog.aio's awaited get and put vs the sync calls (``benchmarks/aio.py``)."""
+    from benchmarks.aio import bench_store_aio as run  # it imports this module
+
+    return run(ctx)
+
+
 # -- the suite ----------------------------------------------------------------------------------
 
 def bench_consumer_poll(ctx: Context) -> dict[str, Any]:
@@ -1222,6 +1229,7 @@ STEPS: list[Step] = [
     ("store.durable_threads", "store", 4, "durable writes/s, 16 threads", bench_store_durable_threads),
     ("store.memory", "store", 4, "peak RssAnon", bench_store_memory),
     ("store.recovery", "store", 4, "reopen + first get after kill -9", bench_store_recovery),
+    ("store.aio", "store", 4, "asyncio overhead per call", bench_store_aio),
     ("consumer.poll", "consumer", 18, "records/s through Consumer.poll", bench_consumer_poll),
     ("consumer.latency", "consumer", 18, "put(sync=True) in another process -> poll",
      bench_consumer_put_to_poll),

@@ -1,0 +1,312 @@
+"""Every method of ``kvlog.aio.AsyncStore`` against the sync API on the same store: same answers,
+same errors for bad input (nothing changed), and scans and changelogs that cross chunk borders."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kvlog
+import kvlog.aio
+from kvlog.aio import CHUNK_ROWS, AsyncStore
+from tests.aio.support import QUIET, run
+
+
+def _open(path: Path, **kwargs: Any) -> kvlog.aio.Opening:
+    return kvlog.aio.open(path, partitions=3, **{**QUIET, **kwargs})
+
+
+def test_put_get_delete_contains_flush(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _open(tmp_path / "s") as store:
+            assert isinstance(store, AsyncStore) and isinstance(store.sync, kvlog.Store)
+            await store.put(b"a", b"1")
+            await store.put("b", "2", sync=True)
+            assert await store.get(b"a") == b"1" and await store.get("b") == b"2"
+            assert await store.get(b"missing") is None
+            assert await store.get(b"missing", b"dflt") == b"dflt"
+            assert await store.contains(b"a") and not await store.contains(b"missing")
+            assert not await store.contains(12) and not await store.contains(b"")  # as `in` does
+            version = await store.flush()
+            assert version == store.sync.log.version
+            await store.delete(b"a")
+            assert await store.get(b"a") is None
+            await store.delete(b"never-there", sync=True)  # not an error, as in the sync API
+            assert await store.refresh() == store.sync.log.version
+        # Closed on exit, and everything was flushed: a new handle sees it.
+        with kvlog.open(tmp_path / "s") as again:
+            assert list(again.scan()) == [(b"b", b"2")]
+
+    run(main())
+
+
+def test_await_open_without_async_with(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = await _open(tmp_path / "s")
+        await store.put(b"k", b"v")
+        assert not store.closed
+        await store.close()
+        assert store.closed
+        await store.close()  # a second close is a no-op
+        with pytest.raises(kvlog.StoreClosedError):
+            await store.get(b"k")
+
+    run(main())
+    with kvlog.open(tmp_path / "s") as again:
+        assert again.get(b"k") == b"v"
+
+
+def test_wrapping_an_open_store_and_call(tmp_path: Path) -> None:
+    sync = kvlog.open(tmp_path / "s", **QUIET)
+
+    async def main() -> None:
+        store = AsyncStore(sync, workers=2)
+        loop_thread = threading.current_thread()
+
+        def batch() -> str:
+            with store.sync.batch() as b:
+                b.put(b"x", b"1")
+                b.put(b"y", b"2")
+            return threading.current_thread().name
+
+        name = await store.call(batch)
+        assert name.startswith("kvlog-aio") and threading.current_thread() is loop_thread
+        assert await store.get(b"y") == b"2"
+        assert repr(store).startswith("AsyncStore(Store(")
+        await store.close()
+
+    run(main())
+    assert sync.log.read_only is False
+    with pytest.raises(kvlog.StoreClosedError):
+        sync.get(b"x")  # the async store owns the sync one: closing one closed both
+
+
+def test_get_many_is_the_sync_get_many(tmp_path: Path) -> None:
+    """Needs ``Store.get_many``: the async call gives exactly what the sync one gives."""
+    async def main() -> None:
+        async with _open(tmp_path / "s") as store:
+            await store.put(b"a", b"1")
+            await store.put(b"b", b"2")
+            await store.flush()
+            await store.put(b"c", b"3")  # unflushed: the memtable answers
+            keys = [b"c", b"missing", "a", b"b", b"a"]
+            assert await store.get_many(keys) == store.sync.get_many(keys) == [b"3", None, b"1", b"2", b"1"]
+            assert await store.get_many([]) == []
+            with pytest.raises(kvlog.InvalidRecordError):
+                store.sync.get_many([b"a", b""])
+            with pytest.raises(kvlog.InvalidRecordError):
+                await store.get_many([b"a", b""])
+
+    run(main())
+
+
+def _fill(store: kvlog.Store, n: int) -> dict[bytes, bytes]:
+    model = {b"k%06d" % i: b"v%d" % i for i in range(n)}
+    for key, value in model.items():
+        store.put(key, value)
+    return model
+
+
+@pytest.mark.parametrize("n", [0, 1, CHUNK_ROWS - 1, CHUNK_ROWS, CHUNK_ROWS + 1, 3 * CHUNK_ROWS + 7])
+def test_scan_across_chunk_borders(tmp_path: Path, n: int) -> None:
+    async def main() -> None:
+        async with _open(tmp_path / "s") as store:
+            model = await store.call(_fill, store.sync, n)
+            if n % 2:
+                await store.flush()  # half the cases from the index, half from the memtable
+            expected = sorted(model.items())
+            assert [kv async for kv in store.scan()] == expected
+            assert [kv async for kv in store.scan(reverse=True)] == expected[::-1]
+            lo, hi = b"k%06d" % (n // 4), b"k%06d" % (3 * n // 4)
+            assert [kv async for kv in store.scan(lo, hi)] == list(store.sync.scan(lo, hi))
+            assert [kv async for kv in store.scan(prefix=b"k0000")] == list(store.sync.scan(prefix=b"k0000"))
+            assert [kv async for kv in store.scan(prefix="zz")] == []
+
+    run(main())
+
+
+@pytest.mark.parametrize("n", [0, CHUNK_ROWS, 2 * CHUNK_ROWS + 1])
+def test_changes_across_chunk_borders(tmp_path: Path, n: int) -> None:
+    async def main() -> None:
+        async with _open(tmp_path / "s") as store:
+            await store.call(_fill, store.sync, n)
+            await store.delete(b"k000000")
+            await store.flush()
+            every = [r async for r in store.changes()]
+            assert every == list(store.sync.changes())
+            assert len(every) == n + 1
+            for p in range(3):
+                assert [r async for r in store.changes(p)] == list(store.sync.changes(p))
+                assert [r async for r in store.changes(p, 5)] == list(store.sync.changes(p, 5))
+            tombstones = [r for r in every if r.value is None]
+            assert [r.key for r in tombstones] == [b"k000000"]
+
+    run(main())
+
+
+def test_compact_stats_check_gc(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _open(tmp_path / "s") as store:
+            for _ in range(3):
+                await store.put(b"k", b"v")
+                await store.flush()
+            report = await store.compact(force=True)
+            assert isinstance(report, kvlog.CompactionReport)
+            stats = await store.stats()
+            assert stats["read_only"] is False and stats["memtable_keys"] == 0
+            assert await store.check() == []
+            assert isinstance(await store.gc(), dict)
+            assert [kv async for kv in store.scan()] == [(b"k", b"v")]
+
+    run(main())
+
+
+BAD_INPUT: list[tuple[str, tuple[Any, ...]]] = [
+    ("put", (None, b"v")), ("put", (b"", b"v")), ("put", (12, b"v")), ("put", (b"x" * 5000, b"v")),
+    ("put", (b"k", None)), ("put", (b"k", 12)), ("put", ("\ud800", b"v")),
+    ("delete", (None,)), ("delete", (b"",)), ("delete", (b"x" * 5000,)),
+    ("get", (None,)), ("get", (b"",)), ("get", (12,)),
+]
+
+
+@pytest.mark.parametrize(("method", "args"), BAD_INPUT, ids=[f"{m}-{i}" for i, (m, _a) in enumerate(BAD_INPUT)])
+def test_bad_input_raises_the_sync_error_and_changes_nothing(tmp_path: Path, method: str,
+                                                             args: tuple[Any, ...]) -> None:
+    async def main() -> None:
+        async with _open(tmp_path / "s") as store:
+            await store.put(b"keep", b"1", sync=True)
+            version = store.sync.log.version
+            with pytest.raises(kvlog.InvalidRecordError) as sync_error:
+                getattr(store.sync, method)(*args)
+            with pytest.raises(kvlog.InvalidRecordError) as async_error:
+                await getattr(store, method)(*args)
+            assert type(async_error.value) is type(sync_error.value)
+            assert str(async_error.value) == str(sync_error.value)
+            assert await store.flush() == version
+            assert [kv async for kv in store.scan()] == [(b"keep", b"1")]
+
+    run(main())
+
+
+def test_bad_iterator_arguments(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _open(tmp_path / "s") as store:
+            with pytest.raises(kvlog.InvalidRecordError):
+                [kv async for kv in store.scan(12)]  # type: ignore[arg-type]
+            with pytest.raises(kvlog.InvalidRecordError):
+                [kv async for kv in store.scan(prefix=3.5)]  # type: ignore[arg-type]
+            with pytest.raises(kvlog.InvalidRecordError):
+                [r async for r in store.changes(3)]
+            with pytest.raises(kvlog.InvalidRecordError):
+                [r async for r in store.changes(0, -1)]
+            with pytest.raises(kvlog.InvalidRecordError):
+                [r async for r in store.changes(-1, follow=True)]
+            # The store still works after each refusal.
+            await store.put(b"k", b"v")
+            assert [kv async for kv in store.scan()] == [(b"k", b"v")]
+
+    run(main())
+
+
+def test_open_errors_are_the_sync_errors(tmp_path: Path) -> None:
+    async def main() -> None:
+        with pytest.raises(kvlog.StoreNotFoundError):
+            await kvlog.aio.open(tmp_path / "none", create=False)
+        with pytest.raises(kvlog.ConfigError):
+            await kvlog.aio.open(tmp_path / "s", flush_intervall_ms=5)
+        with pytest.raises(kvlog.ConfigError):
+            async with kvlog.aio.open(tmp_path / "s", workers=0):
+                pass
+        with pytest.raises(kvlog.ConfigError):
+            await kvlog.aio.open(tmp_path / "s", workers=True)
+        with kvlog.open(tmp_path / "t") as sync, pytest.raises(kvlog.ConfigError):
+            AsyncStore(sync, workers=-1)  # refused: the caller keeps its store
+
+    run(main())
+    assert not (tmp_path / "none").exists()
+
+
+def test_read_only(tmp_path: Path) -> None:
+    with kvlog.open(tmp_path / "s") as writer:
+        writer.put(b"k", b"v")
+
+    async def main() -> None:
+        async with kvlog.aio.open(tmp_path / "s", read_only=True, create=False) as store:
+            assert await store.get(b"k") == b"v"
+            with pytest.raises(kvlog.ReadOnlyError):
+                await store.put(b"k", b"w")
+            with pytest.raises(kvlog.ReadOnlyError):
+                await store.delete(b"k")
+            with pytest.raises(kvlog.ReadOnlyError):
+                await store.compact()
+            assert [kv async for kv in store.scan()] == [(b"k", b"v")]
+            assert [r.key async for r in store.changes()] == [b"k"]
+
+    run(main())
+
+
+def test_calls_on_a_closed_store(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = await _open(tmp_path / "s")
+        await store.put(b"k", b"v")
+        await store.close()
+        for call in (store.put(b"k", b"w"), store.get(b"k"), store.delete(b"k"), store.flush(),
+                     store.get_many([b"k"]), store.contains(b"k"), store.stats(), store.compact(),
+                     store.refresh(), store.check(), store.gc(), store.call(lambda: None)):
+            with pytest.raises(kvlog.StoreClosedError):
+                await call
+        with pytest.raises(kvlog.StoreClosedError):
+            [kv async for kv in store.scan()]
+        with pytest.raises(kvlog.StoreClosedError):
+            [r async for r in store.changes(follow=True)]
+
+    run(main())
+    with kvlog.open(tmp_path / "s") as again:
+        assert list(again.scan()) == [(b"k", b"v")]
+
+
+def test_iterators_are_fetched_in_workers_a_chunk_at_a_time(tmp_path: Path) -> None:
+    """The loop thread never advances the sync iterator: the store's scan is called, and its
+    rows produced, only in worker threads, one hop per chunk."""
+    threads: list[str] = []
+
+    class Watched(kvlog.Store):
+        def scan(self, *args: Any, **kwargs: Any) -> Any:
+            for pair in super().scan(*args, **kwargs):
+                threads.append(threading.current_thread().name)
+                yield pair
+
+    async def main() -> None:
+        sync = kvlog.open(tmp_path / "s", **QUIET)
+        sync.__class__ = Watched
+        async with AsyncStore(sync, workers=1) as store:
+            await store.call(_fill, sync, 2 * CHUNK_ROWS + 3)
+            hops = 0
+            async for _pair in store.scan():
+                hops += 1
+            assert hops == 2 * CHUNK_ROWS + 3
+
+    run(main())
+    assert len(threads) == 2 * CHUNK_ROWS + 3
+    assert set(threads) == {"kvlog-aio_0"}
+
+
+def test_many_tasks_at_once(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _open(tmp_path / "s", workers=3) as store:
+            async def writer(t: int) -> None:
+                for i in range(200):
+                    await store.put(b"t%d-%03d" % (t, i), b"%d" % i)
+
+            await asyncio.gather(*(writer(t) for t in range(8)))
+            await store.flush()
+            pairs = [kv async for kv in store.scan()]
+            assert len(pairs) == 1600
+            got = await asyncio.gather(*(store.get(b"t%d-%03d" % (t, 199)) for t in range(8)))
+            assert got == [b"199"] * 8
+
+    run(main())
