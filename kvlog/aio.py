@@ -175,9 +175,11 @@ class AsyncStore:
         return await self._call(fn, *args)
 
     # -- writes ---------------------------------------------------------------------------------
-    async def put(self, key: bytes | str, value: bytes | str, *, sync: bool = False) -> None:
-        """:meth:`kvlog.Store.put`: set ``key``; with ``sync=True`` return once durable."""
-        await self._call(functools.partial(self._store.put, key, value, sync=sync))
+    async def put(self, key: bytes | str, value: bytes | str, *, sync: bool = False,
+                  ttl_ms: int | None = None) -> None:
+        """:meth:`kvlog.Store.put`: set ``key``; with ``sync=True`` return once durable; with
+        ``ttl_ms`` the record expires that long after its timestamp."""
+        await self._call(functools.partial(self._store.put, key, value, sync=sync, ttl_ms=ttl_ms))
 
     async def delete(self, key: bytes | str, *, sync: bool = False) -> None:
         """:meth:`kvlog.Store.delete`: append a tombstone for ``key``."""

@@ -310,3 +310,19 @@ def test_many_tasks_at_once(tmp_path: Path) -> None:
             assert got == [b"199"] * 8
 
     run(main())
+
+
+def test_put_with_a_time_to_live_expires_under_the_stores_clock(tmp_path: Path) -> None:
+    clock = kvlog.ManualClock()
+
+    async def main() -> None:
+        async with _open(tmp_path / "s", clock=clock) as store:
+            await store.put(b"session", b"token", ttl_ms=1_000)
+            assert await store.get(b"session") == b"token"
+            clock.advance(1_000)
+            assert await store.get(b"session") is None
+            with pytest.raises(kvlog.InvalidRecordError):
+                await store.put(b"bad", b"v", ttl_ms=0)
+            assert await store.get(b"bad") is None
+
+    run(main())
