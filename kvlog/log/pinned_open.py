@@ -19,7 +19,7 @@ from kvlog.format.commit import decode_commit
 from kvlog.index import check_cache_file
 from kvlog.log.checkpoints import load_checkpoint
 from kvlog.log.log import Log
-from kvlog.log.naming import commit_name
+from kvlog.log.naming import checkpoint_name, commit_name
 from kvlog.meta import MetaTxn, NamedPin, NamedPins, acquire_env
 
 __all__ = ["open_pinned"]
@@ -71,5 +71,9 @@ def _load(pinned: Log, version: int) -> None:
         meta.put_meta("uuid", uuid)
 
     pinned.env.write(start)
-    load_checkpoint(pinned, version)  # the frozen log applies no later commit
+    try:
+        load_checkpoint(pinned, version)  # the frozen log applies no later commit
+    except FileNotFoundError as e:  # deleted by hand, or by a GC that did not know the pin
+        raise CorruptDataError(checkpoint_name(version), "a file the named checkpoint keeps is "
+                               f"missing: {e.filename or e}") from None
     pinned.env.write(lambda txn: MetaTxn(pinned.env, txn).put_meta(_LOADED, marker))

@@ -1,0 +1,180 @@
+"""Named checkpoints and committed offsets under attack: races, lost files, damage, restores."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from root_surgery import copy_root, restore_root
+from store_support import EXPLICIT_FLUSH, Root
+
+import kvlog
+from kvlog.clock import ManualClock
+from kvlog.errors import CheckpointExistsError, KvlogError
+
+FAST_GC: dict[str, Any] = dict(EXPLICIT_FLUSH, file_delete_delay_ms=1_000, commit_retention_ms=0,
+                               checkpoint_interval=2)
+
+
+def _write_rounds(store: kvlog.Store, rounds: range, keys: int = 30) -> None:
+    for r in rounds:
+        for i in range(keys):
+            store.put(f"k{i}", f"round{r}-{i}")
+        store.flush()
+
+
+def _read_all(store: kvlog.Store) -> list[Any]:
+    return [list(store.scan()), store.get("k1"), list(store.changes())]
+
+
+def test_reading_a_deleted_and_collected_checkpoint_fails_cleanly(local_root: Root) -> None:
+    clock = ManualClock()
+    with local_root.open(clock=clock, partitions=2, **FAST_GC) as store:
+        _write_rounds(store, range(3))
+        store.checkpoint("cp")
+        before = list(store.scan())
+        old = local_root.open(cache="reader", read_only=True, checkpoint="cp")
+        try:
+            assert list(old.scan()) == before
+            _write_rounds(store, range(3, 5))
+            store.compact(force=True)
+            store.delete_checkpoint("cp")
+            for i in range(4):
+                store.put(f"x{i}", "y", sync=True)
+            clock.advance(10_000)
+            store.gc()
+            pinned = {e.path for _f, e in old.log.snapshot(lambda r: list(r.iter_files()))}
+            assert pinned and not pinned & {i.name for i in store.log.storage.list("data/")}
+            for attempt in range(2):
+                try:
+                    got = _read_all(old)
+                except KvlogError:
+                    continue
+                assert got[0] == before, attempt  # never wrong data
+        finally:
+            old.close()
+
+
+def test_opening_a_checkpoint_whose_files_were_deleted_by_hand(local_root: Root) -> None:
+    clock = ManualClock()
+    with local_root.open(clock=clock, partitions=2, **FAST_GC) as store:
+        _write_rounds(store, range(3))
+        cp = store.checkpoint("cp")
+        _write_rounds(store, range(3, 5))
+    root = Path(local_root.uri)
+    (root / "log" / f"{cp.version:020d}.checkpoint.json").unlink()
+    with pytest.raises(KvlogError):
+        local_root.open(cache="fresh1", read_only=True, checkpoint="cp")
+    (root / "log" / f"{cp.version:020d}.json").unlink()
+    with pytest.raises(KvlogError):
+        local_root.open(cache="fresh2", read_only=True, checkpoint="cp")
+
+
+def test_opening_a_checkpoint_whose_data_files_were_deleted_by_hand(local_root: Root) -> None:
+    clock = ManualClock()
+    with local_root.open(clock=clock, partitions=2, **FAST_GC) as store:
+        _write_rounds(store, range(3))
+        store.checkpoint("cp")
+        _write_rounds(store, range(3, 5))
+        store.compact(force=True)
+    root = Path(local_root.uri)
+    for f in (root / "data").rglob("*.arrow"):
+        f.unlink()
+    try:
+        old = local_root.open(cache="fresh", read_only=True, checkpoint="cp")
+    except KvlogError:
+        return
+    with old:
+        with pytest.raises(KvlogError):
+            _read_all(old)
+
+
+def test_a_cached_checkpoint_whose_data_files_were_deleted_by_hand(local_root: Root) -> None:
+    clock = ManualClock()
+    with local_root.open(clock=clock, partitions=2, **FAST_GC) as store:
+        _write_rounds(store, range(3))
+        store.checkpoint("cp")
+        with local_root.open(read_only=True, checkpoint="cp") as old:
+            assert len(old) == 30
+    root = Path(local_root.uri)
+    for f in (root / "data").rglob("*.arrow"):
+        f.unlink()
+    try:
+        old = local_root.open(read_only=True, checkpoint="cp")
+    except KvlogError:
+        return
+    with old:
+        with pytest.raises(KvlogError):
+            _read_all(old)
+
+
+def test_two_handles_create_one_name_at_once(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    with kvlog.open(root, cache_dir=tmp_path / "c0", partitions=2, **EXPLICIT_FLUSH) as s:
+        _write_rounds(s, range(2))
+    for attempt in range(6):
+        handles = [kvlog.open(root, cache_dir=tmp_path / f"c{i}", **EXPLICIT_FLUSH) for i in range(2)]
+        barrier = threading.Barrier(2)
+        results: list[Any] = [None, None]
+
+        def make(i: int, attempt: int = attempt, handles: list[kvlog.Store] = handles,
+                 barrier: threading.Barrier = barrier, results: list[Any] = results) -> None:
+            barrier.wait()
+            try:
+                results[i] = handles[i].checkpoint(f"same{attempt}")
+            except KvlogError as e:
+                results[i] = e
+        threads = [threading.Thread(target=make, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        won = [r for r in results if isinstance(r, kvlog.Checkpoint)]
+        lost = [r for r in results if isinstance(r, CheckpointExistsError)]
+        assert len(won) == 1 and len(lost) == 1, results
+        for h in handles:
+            h.refresh()
+            assert [c for c in h.checkpoints() if c.name == f"same{attempt}"] == won
+            h.close()
+
+
+def test_a_checkpoint_of_a_restored_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    clock = ManualClock()
+    with kvlog.open(root, cache_dir=tmp_path / "c", clock=clock, partitions=2, **FAST_GC) as store:
+        _write_rounds(store, range(2))
+        copy_root(root, tmp_path / "backup")
+        _write_rounds(store, range(2, 4))
+        store.checkpoint("late")
+        with kvlog.open(root, cache_dir=tmp_path / "c", read_only=True, checkpoint="late") as old:
+            assert len(old) == 30
+    restore_root(root, tmp_path / "backup")
+    for cache in ("c", "fresh"):
+        try:
+            old = kvlog.open(root, cache_dir=tmp_path / cache, read_only=True, checkpoint="late")
+        except KvlogError:
+            continue
+        with old:
+            pytest.fail(f"opened a checkpoint the restored root does not hold: {list(old.scan())[:2]}")
+
+
+def test_offsets_and_pins_survive_commit_gc_and_a_fresh_cache(local_root: Root) -> None:
+    clock = ManualClock()
+    with local_root.open(clock=clock, partitions=2, **FAST_GC) as store:
+        _write_rounds(store, range(2))
+        with store.consumer("g") as c:
+            c.poll(timeout_s=0)
+            c.commit()
+            committed = {p: c.committed(p) for p in c.partitions}
+        cp = store.checkpoint("cp")
+        for i in range(8):
+            store.put(f"x{i}", "y", sync=True)
+        store.compact(force=True)
+        clock.advance(10_000)
+        store.gc()
+    with local_root.open(cache="fresh", clock=clock, **FAST_GC) as again:
+        assert again.checkpoints() == [cp]
+        with again.consumer("g") as c:
+            assert {p: c.committed(p) for p in c.partitions} == committed
