@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,9 @@ from store_support import EXPLICIT_FLUSH, Root
 
 import kvlog
 from kvlog.clock import ManualClock
-from kvlog.errors import CheckpointExistsError, KvlogError
+from kvlog.errors import CheckpointExistsError, CorruptDataError, InvalidRecordError, KvlogError
+from kvlog.format.commit import Commit
+from kvlog.format.envelope import decode_document, encode_document
 
 FAST_GC: dict[str, Any] = dict(EXPLICIT_FLUSH, file_delete_delay_ms=1_000, commit_retention_ms=0,
                                checkpoint_interval=2)
@@ -178,3 +181,127 @@ def test_offsets_and_pins_survive_commit_gc_and_a_fresh_cache(local_root: Root) 
         assert again.checkpoints() == [cp]
         with again.consumer("g") as c:
             assert {p: c.committed(p) for p in c.partitions} == committed
+
+
+@pytest.mark.parametrize("offset", [2**63, 2**64, -1])
+def test_an_offset_too_big_to_store_is_refused_before_any_commit(local_root: Root, offset: int) -> None:
+    with local_root.open(partitions=2, **EXPLICIT_FLUSH) as store:
+        store.put("a", "1", sync=True)
+        version = store.log.version
+        with store.consumer("g") as c:
+            with pytest.raises(InvalidRecordError):
+                c.seek(0, offset)
+            c.commit()
+            assert c.committed(0) == 0
+        assert store.log.version == version + 1
+
+
+@pytest.mark.parametrize("offsets", [{"0": 2**64}, {"0": 2**63}, {"70000": 1}, {"\u00b2": 1}, {"0": -1}])
+def test_a_crafted_offsets_commit_is_refused_and_the_store_goes_on(local_root: Root,
+                                                                   offsets: dict[str, int]) -> None:
+    """An offsets commit no kvlog call writes (another program, or a damaged writer) is refused
+    by every reader; it never stops replay."""
+    with local_root.open(partitions=2, **EXPLICIT_FLUSH) as store:
+        store.put("a", "1", sync=True)
+        commit_id = store.log.new_id()
+
+        def build(version: int) -> Commit:
+            return Commit(version, commit_id, 0, "offsets", info={"group": "g", "offsets": offsets})
+
+        outcome = store.log.commit(build)
+        assert outcome.refusal is not None
+        store.put("b", "2", sync=True)
+        assert store.consumer("g").committed(0) is None
+    with local_root.open(cache="fresh") as fresh:
+        assert fresh.get("b") == b"2"
+        assert fresh.consumer("g").committed(0) is None
+
+
+def _reseal_newest_checkpoint(root: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite the newest metadata checkpoint with ``change`` applied and a valid checksum (a
+    body no kvlog writes, from another program)."""
+    newest = sorted((root / "log").glob("*.checkpoint.json"))[-1]
+    body = decode_document(newest.name, newest.read_bytes(), "checkpoint")
+    change(body)
+    newest.write_bytes(encode_document("checkpoint", body))
+
+
+BAD_BODIES: dict[str, Callable[[dict[str, Any]], None]] = {
+    "offset too big": lambda b: b["offsets"].append(["g", 0, 2**64]),
+    "negative offset": lambda b: b["offsets"].append(["g", 0, -1]),
+    "partition too big": lambda b: b["offsets"].append(["g", 70000, 1]),
+    "group with NUL": lambda b: b["offsets"].append(["g\x00x", 0, 1]),
+    "offsets not rows": lambda b: b.update(offsets=[7]),
+    "pin not an object": lambda b: b["pins"].update(x=[]),
+    "pins not an object": lambda b: b.update(pins=[1]),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_BODIES))
+def test_a_crafted_checkpoint_body_is_corrupt_data(tmp_path: Path, bad: str) -> None:
+    root = tmp_path / "root"
+    with kvlog.open(root, cache_dir=tmp_path / "c", partitions=2, **EXPLICIT_FLUSH) as store:
+        store.put("a", "1", sync=True)
+        cp = store.checkpoint("cp")
+        with store.consumer("g") as c:
+            c.commit()
+        store.log.write_checkpoint()
+    _reseal_newest_checkpoint(root, BAD_BODIES[bad])
+    with kvlog.open(root, cache_dir=tmp_path / "fresh") as fresh:  # the commits are replayed instead
+        assert fresh.checkpoints() == [cp]
+        assert fresh.consumer("g").committed(0) == 0
+    for commit in (root / "log").glob("*.json"):
+        if not commit.name.endswith(".checkpoint.json"):
+            if commit.name != sorted((root / "log").glob("*.checkpoint.json"))[-1].name.replace(".checkpoint", ""):
+                commit.unlink()  # only the checkpoint is left to read
+    with pytest.raises(CorruptDataError):
+        kvlog.open(root, cache_dir=tmp_path / "fresher")
+
+
+def test_a_flipped_byte_in_a_checkpoint_body_carrying_offsets_and_pins(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    with kvlog.open(root, cache_dir=tmp_path / "c", partitions=2, **EXPLICIT_FLUSH) as store:
+        store.put("a", "1", sync=True)
+        cp = store.checkpoint("cp")
+        with store.consumer("g") as c:
+            c.commit()
+        version = store.log.write_checkpoint()
+    newest = root / "log" / f"{version:020d}.checkpoint.json"
+    data = bytearray(newest.read_bytes())
+    at = data.index(b'"offsets"') + 3
+    data[at] ^= 0x01
+    newest.write_bytes(bytes(data))
+    try:
+        fresh = kvlog.open(root, cache_dir=tmp_path / "fresh")
+    except CorruptDataError:
+        return
+    with fresh:  # only if it read the commits instead: exactly what they say
+        assert fresh.checkpoints() == [cp]
+        assert fresh.consumer("g").committed(0) == 0
+
+
+@pytest.mark.parametrize("db", ["offsets", "pins"])
+def test_a_flipped_byte_in_the_catalog_is_corrupt_data_and_the_cache_is_rebuilt(tmp_path: Path,
+                                                                                db: str) -> None:
+    path = tmp_path / "root"
+    store = kvlog.open(path, partitions=2, **EXPLICIT_FLUSH)
+    try:
+        store.put("a", "1", sync=True)
+        cp = store.checkpoint("cp")
+        with store.consumer("g") as c:
+            c.commit()
+        env = store.log.env
+        with env.env.begin(write=True) as txn:
+            with txn.cursor(db=env.dbs[db]) as cur:
+                assert cur.first()
+                key, value = bytes(cur.key()), bytearray(cur.value())
+            value[-1] ^= 0x10
+            txn.put(key, bytes(value), db=env.dbs[db])
+        with pytest.raises(CorruptDataError):
+            store.checkpoints()
+            store.consumer("g").committed(0)
+    finally:
+        store.close(flush=False)
+    with kvlog.open(path) as again:
+        assert again.checkpoints() == [cp]
+        assert again.consumer("g").committed(0) == 0
