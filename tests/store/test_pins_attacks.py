@@ -13,7 +13,7 @@ from store_support import EXPLICIT_FLUSH, Root
 
 import kvlog
 from kvlog.clock import ManualClock
-from kvlog.errors import CheckpointExistsError, CorruptDataError, InvalidRecordError, KvlogError
+from kvlog.errors import CheckpointExistsError, CorruptDataError, InvalidRecordError, KvlogError, StorageBehindError
 from kvlog.format.commit import Commit
 from kvlog.format.envelope import decode_document, encode_document
 
@@ -305,3 +305,44 @@ def test_a_flipped_byte_in_the_catalog_is_corrupt_data_and_the_cache_is_rebuilt(
     with kvlog.open(path) as again:
         assert again.checkpoints() == [cp]
         assert again.consumer("g").committed(0) == 0
+
+
+@pytest.mark.parametrize("reopen", [True, False])
+def test_a_cache_just_behind_a_pinned_version_catches_up_and_loses_no_write(tmp_path: Path,
+                                                                            reopen: bool) -> None:
+    """A cache one commit short of a checkpoint's version, while commit GC collected everything
+    around it: it must catch up to the head (never stop at the pinned version), and a write
+    from it must be seen by every reader."""
+    root = tmp_path / "root"
+    clock = ManualClock()
+    a = kvlog.open(root, cache_dir=tmp_path / "a", clock=clock, partitions=2, **FAST_GC)
+    b = kvlog.open(root, cache_dir=tmp_path / "b", clock=clock, **FAST_GC)
+    try:
+        b.put("from-b", "1", sync=True)
+        if reopen:
+            b.close()
+        a.refresh()
+        a.put("x", "1", sync=True)
+        a.checkpoint("cp")
+        for i in range(8):
+            a.put(f"later{i}", "v", sync=True)
+        a.compact(force=True)
+        clock.advance(10_000)
+        a.gc()
+        if reopen:
+            b = kvlog.open(root, cache_dir=tmp_path / "b", clock=clock, **FAST_GC)
+            assert b.get("later7") == b"v"  # caught up from the newest metadata checkpoint
+        try:
+            b.put("late", "2", sync=True)
+        except StorageBehindError:  # a live cache behind the retention window: nothing written
+            assert not reopen
+            b.close(flush=False)
+            b = kvlog.open(root, cache_dir=tmp_path / "b", clock=clock, **FAST_GC)
+            b.put("late", "2", sync=True)
+        assert b.get("later7") == b"v"
+    finally:
+        a.close()
+        b.close()
+    with kvlog.open(root, cache_dir=tmp_path / "fresh", clock=clock) as fresh:
+        assert fresh.get("late") == b"2"
+        assert fresh.get("later7") == b"v"
