@@ -13,7 +13,13 @@ from store_support import EXPLICIT_FLUSH, Root
 
 import kvlog
 from kvlog.clock import ManualClock
-from kvlog.errors import CheckpointExistsError, CorruptDataError, InvalidRecordError, KvlogError, StorageBehindError
+from kvlog.errors import (
+    CheckpointExistsError,
+    CorruptDataError,
+    InvalidRecordError,
+    KvlogError,
+    StorageBehindError,
+)
 from kvlog.format.commit import Commit
 from kvlog.format.envelope import decode_document, encode_document
 
