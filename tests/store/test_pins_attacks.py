@@ -8,20 +8,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from root_surgery import copy_root, restore_root
+from root_surgery import copy_root, is_commit, restore_root
 from store_support import EXPLICIT_FLUSH, Root
 
 import kvlog
 from kvlog.clock import ManualClock
 from kvlog.errors import (
     CheckpointExistsError,
+    CommitStateUnknownError,
     CorruptDataError,
     InvalidRecordError,
     KvlogError,
     StorageBehindError,
+    StorageError,
 )
 from kvlog.format.commit import Commit
 from kvlog.format.envelope import decode_document, encode_document
+from kvlog.storage import LocalStorage
+from kvlog.storage.base import BytesLike
 
 FAST_GC: dict[str, Any] = dict(EXPLICIT_FLUSH, file_delete_delay_ms=1_000, commit_retention_ms=0,
                                checkpoint_interval=2)
@@ -352,3 +356,121 @@ def test_a_cache_just_behind_a_pinned_version_catches_up_and_loses_no_write(tmp_
     with kvlog.open(root, cache_dir=tmp_path / "fresh", clock=clock) as fresh:
         assert fresh.get("late") == b"2"
         assert fresh.get("later7") == b"v"
+
+
+class AnswerLosingStorage(LocalStorage):
+    """A real local storage that, when told, lets the next commit land but reports a timeout;
+    unless ``learn``, reading that commit back fails five times too, so its outcome stays
+    unknown to its writer."""
+
+    lose = False
+    learn = True
+    _blind: tuple[str, int] = ("", 0)
+
+    def put_if_absent(self, name: str, data: BytesLike) -> None:
+        super().put_if_absent(name, data)
+        if self.lose and is_commit(name):
+            self.lose = False
+            self._blind = (name, 0 if self.learn else 5)
+            raise StorageError(f"{name}: timed out")
+
+    def read(self, name: str) -> bytes:
+        blind, left = self._blind
+        if name == blind and left > 0:
+            self._blind = (blind, left - 1)
+            raise StorageError(f"{name}: timed out")
+        return super().read(name)
+
+
+def _lose_the_answer(storage: AnswerLosingStorage, learn: bool) -> None:
+    storage.lose, storage.learn = True, learn
+
+
+@pytest.mark.parametrize("learn", [True, False])
+def test_a_pin_whose_answer_was_lost(tmp_path: Path, learn: bool) -> None:
+    storage = AnswerLosingStorage(tmp_path / "root", fsync=False)
+    with kvlog.open(storage, cache_dir=tmp_path / "c", partitions=2, **EXPLICIT_FLUSH) as store:
+        store.put("a", "1", sync=True)
+        _lose_the_answer(storage, learn)
+        if learn:
+            cp = store.checkpoint("x")
+        else:
+            with pytest.raises(CommitStateUnknownError):
+                store.checkpoint("x")
+            store.refresh()
+            with pytest.raises(CheckpointExistsError):  # the retry finds the first one landed
+                store.checkpoint("x")
+            [cp] = store.checkpoints()
+        assert store.checkpoints() == [cp]
+        _lose_the_answer(storage, learn)
+        if learn:
+            store.delete_checkpoint("x")
+        else:
+            with pytest.raises(CommitStateUnknownError):
+                store.delete_checkpoint("x")
+            store.refresh()
+        assert store.checkpoints() == []
+        store.put("b", "2", sync=True)
+    with kvlog.open(tmp_path / "root", cache_dir=tmp_path / "fresh") as fresh:
+        assert fresh.checkpoints() == []
+        assert fresh.get("b") == b"2"
+
+
+@pytest.mark.parametrize("learn", [True, False])
+def test_an_offsets_commit_whose_answer_was_lost_is_harmless_to_retry(tmp_path: Path, learn: bool) -> None:
+    storage = AnswerLosingStorage(tmp_path / "root", fsync=False)
+    with kvlog.open(storage, cache_dir=tmp_path / "c", partitions=2, **EXPLICIT_FLUSH) as store:
+        for i in range(10):
+            store.put(f"k{i}", "v")
+        store.flush()
+        with store.consumer("g") as c:
+            got = c.poll(timeout_s=0)
+            _lose_the_answer(storage, learn)
+            if learn:
+                c.commit()
+            else:
+                with pytest.raises(CommitStateUnknownError):
+                    c.commit()
+                c.commit()  # the retry
+            want = {p: c.position(p) for p in c.partitions}
+            assert {p: c.committed(p) for p in c.partitions} == want
+        assert len(got) == 10
+    with kvlog.open(tmp_path / "root", cache_dir=tmp_path / "fresh") as fresh:
+        with fresh.consumer("g") as again:
+            assert {p: again.committed(p) for p in again.partitions} == want
+            assert again.poll(timeout_s=0) == []
+
+
+def test_two_consumers_of_one_group_commit_at_once_from_two_handles(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    with kvlog.open(root, cache_dir=tmp_path / "c0", partitions=2, **EXPLICIT_FLUSH) as s:
+        for i in range(20):
+            s.put(f"k{i}", "v")
+    handles = [kvlog.open(root, cache_dir=tmp_path / f"c{i}", **EXPLICIT_FLUSH) for i in range(2)]
+    try:
+        consumers = [h.consumer("g") for h in handles]
+        consumers[0].seek(0, 3)
+        consumers[1].seek(0, 5)
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def commit(i: int) -> None:
+            barrier.wait()
+            try:
+                for _ in range(5):
+                    consumers[i].commit()
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+        threads = [threading.Thread(target=commit, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        for h in handles:
+            h.refresh()
+        seen = {c.committed(0) for c in consumers}
+        assert len(seen) == 1 and seen <= {3, 5}  # both agree on the last commit
+    finally:
+        for h in handles:
+            h.close()
