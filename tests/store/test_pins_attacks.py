@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -474,3 +475,69 @@ def test_two_consumers_of_one_group_commit_at_once_from_two_handles(tmp_path: Pa
     finally:
         for h in handles:
             h.close()
+
+
+def test_a_snapshot_read_while_another_thread_compacts_and_collects_in_a_loop(local_root: Root) -> None:
+    clock = ManualClock()
+    with local_root.open(clock=clock, partitions=2, inline_value_bytes=0, **FAST_GC) as store:
+        _write_rounds(store, range(2))
+        snap = store.snapshot()
+        want_items = list(snap.scan())
+        keys = [f"k{i}" for i in range(30)] + ["absent"]
+        want_many = snap.get_many(keys)
+        stop = threading.Event()
+        errors: list[BaseException] = []
+        collected = [0]
+        churned = threading.Event()
+
+        def churn() -> None:
+            try:
+                r = 2
+                while not stop.is_set():
+                    _write_rounds(store, range(r, r + 1))
+                    store.compact(force=True)
+                    clock.advance(5_000)
+                    collected[0] += store.gc()["replaced"]
+                    r += 1
+                    if r == 5:
+                        churned.set()
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        worker = threading.Thread(target=churn)
+        worker.start()
+        try:
+            while not churned.is_set() and not errors:  # three rounds of compaction and GC at least
+                assert list(snap.scan()) == want_items
+                assert snap.get_many(keys) == want_many
+                assert snap.get("k3") == want_many[3]
+        finally:
+            stop.set()
+            worker.join()
+        assert not errors
+        assert collected[0] == 0  # a pin keeps every file replaced after it
+        snap.close()
+        clock.advance(5_000)
+        assert store.gc()["replaced"] > 0
+        live = {e.path for _f, e in store.log.snapshot(lambda r: list(r.iter_files()))}
+        assert {i.name for i in store.log.storage.list("data/")} == live  # the pin held no more
+
+
+def test_a_snapshot_dropped_unclosed_during_a_scan_keeps_its_files_until_the_scan_ends(local_root: Root) -> None:
+    clock = ManualClock()
+    with local_root.open(clock=clock, partitions=2, inline_value_bytes=0, **FAST_GC) as store:
+        _write_rounds(store, range(2))
+        want = list(store.snapshot().scan())
+        gc.collect()
+        assert store.log.pins.held() == 0
+        scan = store.snapshot().scan()  # the snapshot itself is dropped at once
+        first = next(scan)
+        _write_rounds(store, range(2, 4))
+        store.compact(force=True)
+        clock.advance(5_000)
+        store.gc()
+        gc.collect()
+        assert [first, *scan] == want
+        del scan
+        gc.collect()
+        assert store.log.pins.held() == 0
