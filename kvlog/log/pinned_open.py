@@ -6,12 +6,16 @@ created (kept by GC while it exists) is loaded there, with the commit at that ve
 pin records it (GC does not keep that commit), and the key index is rebuilt from the
 data files the checkpoint keeps. That log never applies later commits, so every read (get,
 scan, len, changes, offsets) answers as the store was at that version. A cache already
-loaded for that version (and the same commit there) is reused; the caches of deleted
+loaded for that version (and the same commit there) is reused, and openers load it one at a
+time (a lock file beside it), so none empties it under another's reads; the caches of deleted
 checkpoints stay until that directory is removed (they are derived data).
 """
 
 from __future__ import annotations
 
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +43,25 @@ def open_pinned(main: Log, name: str) -> Log:
                  read_only=True, owns_storage=False)
     pinned.frozen_at = pin.version
     try:
-        _load(pinned, pin)
+        with _loading(cache):
+            _load(pinned, pin)
     except BaseException:
         pinned.close()
         raise
     return pinned
+
+
+@contextmanager
+def _loading(cache: Path) -> Iterator[None]:
+    """Hold the pinned cache's load lock (an exclusive ``flock`` on ``<cache>.lock``): a second
+    opener (thread or process) waits, then finds the cache loaded, rather than emptying it
+    under the first one's reads."""
+    with open(f"{cache}.lock", "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _load(pinned: Log, pin: NamedPin) -> None:

@@ -541,3 +541,31 @@ def test_a_snapshot_dropped_unclosed_during_a_scan_keeps_its_files_until_the_sca
         del scan
         gc.collect()
         assert store.log.pins.held() == 0
+
+
+def test_openers_of_one_checkpoint_at_once_all_read_it_whole(tmp_path: Path) -> None:
+    """Handles opening one checkpoint with one cache at the same instant: one loads its cache,
+    the others wait and reuse it; none empties it under another's reads."""
+    for attempt in range(8):
+        root, cache = tmp_path / f"root{attempt}", tmp_path / f"cache{attempt}"
+        with kvlog.open(root, cache_dir=cache, partitions=2, **FAST_GC) as store:
+            _write_rounds(store, range(2), keys=300)
+            store.checkpoint("cp")
+            want = list(store.scan())
+        barrier = threading.Barrier(4)
+        results: list[object] = []
+
+        def read(root: Path = root, cache: Path = cache, barrier: threading.Barrier = barrier,
+                 results: list[object] = results, want: list[tuple[bytes, bytes]] = want) -> None:
+            barrier.wait()
+            try:
+                with kvlog.open(root, cache_dir=cache, read_only=True, checkpoint="cp") as old:
+                    results.append(list(old.scan()) == want)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                results.append(e)
+        threads = [threading.Thread(target=read) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == [True] * 4, (attempt, results)
