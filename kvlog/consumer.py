@@ -22,7 +22,7 @@ from types import TracebackType
 
 from kvlog.errors import InvalidRecordError, StoreClosedError
 from kvlog.log import Log, Record
-from kvlog.log.group_offsets import check_group, commit_offsets, committed_offsets
+from kvlog.log.group_offsets import check_group, check_offset, commit_offsets, committed_offsets
 from kvlog.log.waiting import check_timeout
 
 __all__ = ["Consumer"]
@@ -132,9 +132,7 @@ class Consumer:
         with self._lock:
             self._check_open()
             p = self._assigned(partition)
-            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-                raise InvalidRecordError(f"offset must be an integer >= 0, not {offset!r}")
-            self._positions[p] = offset
+            self._positions[p] = check_offset(offset)
 
     def seek_to_beginning(self, partitions: Iterable[int] | None = None) -> None:
         """Read ``partitions`` (all of this consumer's by default) from their start offsets."""

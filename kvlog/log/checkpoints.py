@@ -77,16 +77,21 @@ def write_checkpoint(the_log: Log) -> int:
     return version
 
 
-def load_checkpoint(the_log: Log, version: int) -> None:
+def load_checkpoint(the_log: Log, version: int, head: tuple[str, int] | None = None) -> None:
     """Replace the metadata cache with checkpoint ``version``, replay the commits after it,
     then rebuild the key index from the live data.
 
     The index is rebuilt at the newest version, never at the checkpoint's: files live at
-    an old checkpoint may have been replaced and deleted since.
+    an old checkpoint may have been replaced and deleted since. ``head``: the id and CRC32C of
+    the commit at ``version`` when the caller knows them (a named checkpoint, whose commit GC
+    may have collected); else that commit is read from storage.
     """
     name = checkpoint_name(version)
     body = decode_document(name, the_log.storage.read(name), "checkpoint")
-    head = _checkpoint_commit(the_log.storage, version, body)
+    if head is None:
+        head = _checkpoint_commit(the_log.storage, version, body)
+    elif body.get("commit_id") not in (None, head[0]):
+        raise CorruptDataError(name, f"describes another commit than {head[0]} at version {version}")
     if head is None:
         raise CorruptDataError(name, f"its commit {commit_name(version)} is missing or another "
                                "commit: a checkpoint of a history the root no longer holds")

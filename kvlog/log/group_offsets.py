@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 from kvlog.errors import InvalidRecordError, KvlogError
 from kvlog.format.commit import Commit
 from kvlog.meta import MetaTxn
-from kvlog.meta.group_offsets import GroupOffsets
+from kvlog.meta.group_offsets import OFFSET_LIMIT, PARTITION_LIMIT, GroupOffsets
 
 if TYPE_CHECKING:
     from kvlog.log.log import Log
 
-__all__ = ["GROUP_BYTES_LIMIT", "apply_offsets", "check_group", "commit_offsets", "committed_offsets"]
+__all__ = ["GROUP_BYTES_LIMIT", "apply_offsets", "check_group", "check_offset", "commit_offsets", "committed_offsets"]
 
 #: The longest group name, in UTF-8 bytes.
 GROUP_BYTES_LIMIT = 255
@@ -39,6 +39,13 @@ def check_group(group: object) -> str:
     return group
 
 
+def check_offset(offset: object) -> int:
+    """``offset`` if it can be committed (an int in [0, 2**63)), else :class:`InvalidRecordError`."""
+    if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < OFFSET_LIMIT:
+        raise InvalidRecordError(f"an offset is an integer in [0, 2**63), not {offset!r}")
+    return offset
+
+
 def committed_offsets(the_log: Log, group: str) -> dict[int, int]:
     """Every partition's committed offset of ``group`` in this cache."""
     found: dict[int, int] = the_log.snapshot(lambda r: GroupOffsets(r).of_group(group))
@@ -50,8 +57,7 @@ def commit_offsets(the_log: Log, group: str, offsets: dict[int, int]) -> int:
     Returns the version of the commit."""
     for p, offset in offsets.items():
         the_log.check_partition(p)
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-            raise InvalidRecordError(f"offset {offset!r} of partition {p} must be an integer >= 0")
+        check_offset(offset)
     commit_id = the_log.new_id()
     body = {"group": group, "offsets": {str(p): o for p, o in sorted(offsets.items())}}
 
@@ -71,8 +77,8 @@ def apply_offsets(txn: MetaTxn, commit: Commit) -> str | None:
         return "an offsets commit names a group and its offsets"
     parsed: list[tuple[int, int]] = []
     for p, offset in offsets.items():
-        if (not isinstance(p, str) or not p.isdigit() or int(p) > 65535 or not isinstance(offset, int)
-                or isinstance(offset, bool) or offset < 0):
+        if (not isinstance(p, str) or not p.isascii() or not p.isdigit() or int(p) >= PARTITION_LIMIT
+                or not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < OFFSET_LIMIT):
             return f"malformed offset {offset!r} of partition {p!r}"
         parsed.append((int(p), offset))
     table = GroupOffsets(txn)

@@ -3,22 +3,28 @@
 Not to be confused with the metadata checkpoints of :mod:`kvlog.log.checkpoints`
 (``log/<v>.checkpoint.json``: the catalog at one version, so openers need not replay every
 commit, collected as newer ones are written). A *named* checkpoint (``store.checkpoint(name)``)
-pins a version: garbage collection keeps the data files live there, and the metadata
-checkpoint and commit of that version, so ``kvlog.open(uri, read_only=True, checkpoint=name)``
+pins a version: garbage collection keeps the data files live there and the metadata
+checkpoint of that version, so ``kvlog.open(uri, read_only=True, checkpoint=name)``
 reads the store exactly as it was.
 
 Creating one, and why it is safe against a compaction and GC in another process:
 
 1. write the metadata checkpoint at the applied version ``v`` (a crash after this step
    leaves an ordinary metadata checkpoint, which later GC collects);
-2. commit ``pin`` naming ``v`` and the paths of the files live at ``v``, at version
-   ``v + 1``. Replay refuses a pin whose version is not the commit's version minus one
+2. commit ``pin`` naming ``v``, the id and CRC32C of commit ``v`` and the paths of the files
+   live at ``v``, at version ``v + 1``. Replay refuses a pin whose version is not the commit's version minus one
    (``pin-follows-its-version``), so no commit came between: every file it names is live
    when it lands, and a file live when the pin is applied is deleted by no process's GC, which
    applies the pin before it applies any later replace. Losing the race for ``v + 1``, the
    creator starts again at the new version.
 
 ``unpin`` forgets a checkpoint; the next GC frees what only it kept.
+
+The commit at ``v`` is *not* kept: the pin carries its id and CRC32C, which is all opening the
+checkpoint needs of it. A commit kept after the ones around it were collected would stop a
+cache one commit behind it at ``v`` (it replays up to the first missing commit, and finds
+its head in storage), and a write from that cache would land in a freed version no reader
+crosses.
 """
 
 from __future__ import annotations
@@ -30,9 +36,11 @@ from kvlog.errors import (
     CheckpointExistsError,
     CheckpointNotFoundError,
     CommitConflictError,
+    CorruptDataError,
     InvalidRecordError,
 )
-from kvlog.format.commit import Commit
+from kvlog.format.checksum import crc32c
+from kvlog.format.commit import Commit, decode_commit
 from kvlog.log.checkpoints import write_checkpoint
 from kvlog.log.naming import checkpoint_name, commit_name
 from kvlog.meta import MetaReader, MetaTxn
@@ -92,14 +100,17 @@ def create(the_log: Log, name: str) -> Checkpoint:
         the_log.refresh()
         version = write_checkpoint(the_log)
 
-        def live_at(r: MetaReader) -> tuple[int, list[str]]:
-            return r.version(), sorted(entry.path for _fid, entry in r.iter_files())
+        def live_at(r: MetaReader) -> tuple[int, tuple[int, str, int] | None, list[str]]:
+            return r.version(), r.applied_commit(), sorted(entry.path for _fid, entry in r.iter_files())
 
         def build(next_version: int, version: int = version) -> Commit:
-            at, paths = the_log.snapshot(live_at)
+            at, head, paths = the_log.snapshot(live_at)
             if next_version != version + 1 or at != version:
                 raise _Moved
-            info = {"name": name, "version": version, "paths": paths}
+            if head is None or head[0] != version:
+                head = _commit_at(the_log, version)
+            info = {"name": name, "version": version, "commit_id": head[1], "commit_crc": head[2],
+                    "paths": paths}
             return Commit(next_version, commit_id, the_log.clock.now_ms(), "pin", info=info)
 
         try:
@@ -113,6 +124,16 @@ def create(the_log: Log, name: str) -> Checkpoint:
         if outcome.refusal.message.startswith("pin-name-free"):
             raise CheckpointExistsError(f"a checkpoint named {name!r} exists already")
     raise CommitConflictError(f"other writers kept committing while checkpoint {name!r} was pinned; retry")
+
+
+def _commit_at(the_log: Log, version: int) -> tuple[int, str, int]:
+    """``(version, id, CRC32C)`` of the commit storage holds at ``version``."""
+    name = commit_name(version)
+    try:
+        data = the_log.storage.read(name)
+    except FileNotFoundError:
+        raise CorruptDataError(name, "the commit a checkpoint is made at is missing") from None
+    return version, decode_commit(name, data).commit_id, crc32c(data)
 
 
 def delete(the_log: Log, name: str) -> None:
@@ -149,11 +170,9 @@ def pinned_paths(r: MetaReader) -> set[str]:
 
 
 def kept_log_names(r: MetaReader) -> set[str]:
-    """The metadata checkpoints and commits the named checkpoints keep (one pair each)."""
-    names: set[str] = set()
-    for pin in NamedPins(r).every():
-        names.update((checkpoint_name(pin.version), commit_name(pin.version)))
-    return names
+    """The metadata checkpoints the named checkpoints keep (one each; never their commits: see
+    the module docstring)."""
+    return {checkpoint_name(pin.version) for pin in NamedPins(r).every()}
 
 
 def apply_pin(txn: MetaTxn, commit: Commit) -> str | None:

@@ -8,7 +8,8 @@ waiter sleeps on the signal's condition.
 
 The deadline is read from the injected clock. A clock that does not move by itself (a test's
 :class:`~kvlog.clock.ManualClock`) still ends the wait: the slept slices are counted too, and
-the wait ends when either says the timeout has passed.
+the wait ends when either says the timeout has passed (a slice a commit cut short is not
+counted: it may have lasted a moment).
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ class CommitSignal:
         with self._cond:
             return self._applied
 
-    def wait(self, seen: int, seconds: float) -> None:
-        """Sleep until a commit is applied after ticket ``seen``, or ``seconds`` pass."""
+    def wait(self, seen: int, seconds: float) -> bool:
+        """Sleep until a commit is applied after ticket ``seen``, or ``seconds`` pass; whether a
+        commit woke it (False: the whole ``seconds`` were slept)."""
         with self._cond:
-            self._cond.wait_for(lambda: self._applied != seen, seconds)
+            return self._cond.wait_for(lambda: self._applied != seen, seconds)
 
 
 def check_timeout(timeout_s: float) -> float:
@@ -80,5 +82,5 @@ def wait_for_commit(the_log: Log, signal: CommitSignal, after_version: int, time
         if remaining <= 0:
             return version
         pause = min(interval, remaining)
-        signal.wait(seen, pause)
-        slept += pause
+        if not signal.wait(seen, pause):
+            slept += pause  # a commit that woke it early (short of the version) slept less

@@ -14,10 +14,15 @@ from collections.abc import Iterator
 from kvlog.meta.cache import MetaReader, MetaTxn, guard_methods
 from kvlog.meta.env import CacheDamage, seal, unseal
 
-__all__ = ["GroupOffsets"]
+__all__ = ["GroupOffsets", "OFFSET_LIMIT", "PARTITION_LIMIT"]
 
 _PART = struct.Struct(">H")
 _U64 = struct.Struct(">Q")
+
+#: Committed offsets are below this (record offsets are signed 64-bit integers).
+OFFSET_LIMIT = 2**63
+#: Partitions are below this (two bytes in the key).
+PARTITION_LIMIT = 2**16
 
 
 def _key(group: str, partition: int) -> bytes:
@@ -71,7 +76,10 @@ class GroupOffsets:
                 yield name.decode(), _PART.unpack(part)[0], _offset(k, v)
 
     def put(self, group: str, partition: int, offset: int) -> None:
-        """Record ``offset`` as ``group``'s committed offset of ``partition`` (a write transaction)."""
+        """Record ``offset`` as ``group``'s committed offset of ``partition`` (a write
+        transaction); ``ValueError`` when the group, partition or offset cannot be stored."""
         assert isinstance(self._meta, MetaTxn)
+        if not group or "\x00" in group or not 0 <= partition < PARTITION_LIMIT or not 0 <= offset < OFFSET_LIMIT:
+            raise ValueError(f"no committed offset {offset!r} of partition {partition!r} for group {group!r}")
         key = _key(group, partition)
         self._meta.txn.put(key, seal(key, _U64.pack(offset)), db=self._db)

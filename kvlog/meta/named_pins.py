@@ -29,9 +29,14 @@ class NamedPin:
     version: int
     created_ms: int
     paths: tuple[str, ...]
+    commit_id: str
+    """The id of the commit at ``version``."""
+    commit_crc: int
+    """The CRC32C of that commit's bytes."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "created_ms": self.created_ms, "paths": list(self.paths)}
+        return {"version": self.version, "created_ms": self.created_ms, "paths": list(self.paths),
+                "commit_id": self.commit_id, "commit_crc": self.commit_crc}
 
     @classmethod
     def from_json(cls, name: str, obj: Any) -> NamedPin:
@@ -39,11 +44,14 @@ class NamedPin:
         if not isinstance(obj, dict):
             raise ValueError("a named checkpoint is not an object")
         version, created, paths = obj.get("version"), obj.get("created_ms"), obj.get("paths")
+        commit_id, crc = obj.get("commit_id"), obj.get("commit_crc")
         if (not isinstance(version, int) or isinstance(version, bool) or version < 0
                 or not isinstance(created, int) or isinstance(created, bool)
-                or not isinstance(paths, list) or not all(isinstance(p, str) for p in paths)):
-            raise ValueError("a named checkpoint lacks its version, time or paths")
-        return cls(name, version, created, tuple(paths))
+                or not isinstance(paths, list) or not all(isinstance(p, str) for p in paths)
+                or not isinstance(commit_id, str) or not commit_id
+                or not isinstance(crc, int) or isinstance(crc, bool) or not 0 <= crc < 2**32):
+            raise ValueError("a named checkpoint lacks its version, commit, time or paths")
+        return cls(name, version, created, tuple(paths), commit_id, crc)
 
 
 def _pin(key: bytes | memoryview, value: bytes | memoryview) -> NamedPin:

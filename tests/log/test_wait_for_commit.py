@@ -81,3 +81,20 @@ def test_a_closed_log_refuses(tmp_path: Path, make_log: MakeLog) -> None:
 def test_follow_interval_must_be_a_positive_integer(value: object) -> None:
     with pytest.raises(ConfigError):
         StoreConfig(follow_interval_ms=value)  # type: ignore[arg-type]
+
+
+def test_commits_short_of_the_version_waited_for_do_not_shorten_the_wait(tmp_path: Path,
+                                                                           make_log: MakeLog) -> None:
+    # A manual clock (it never moves) and a follow interval longer than the timeout: only the
+    # time actually slept ends the wait, never the commits that woke it early.
+    log = make_log(tmp_path / "root", tmp_path / "cache", follow_interval_ms=600_000)
+    producer = log.producer()
+    before = log.version
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(log.wait_for_commit(before + 3, 300.0)))
+    waiter.start()
+    for key in (b"a", b"b", b"c", b"d"):
+        _append(log, producer, key)
+    waiter.join(timeout=60)
+    assert not waiter.is_alive()
+    assert got == [before + 4]

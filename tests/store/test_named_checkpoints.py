@@ -167,7 +167,8 @@ def test_a_pin_that_does_not_follow_its_version_is_refused(local_root: Root) -> 
         commit_id = store.log.new_id()
 
         def build(version: int) -> Commit:
-            return Commit(version, commit_id, 0, "pin", info={"name": "late", "version": stale, "paths": []})
+            info = {"name": "late", "version": stale, "commit_id": "c", "commit_crc": 0, "paths": []}
+            return Commit(version, commit_id, 0, "pin", info=info)
 
         outcome = store.log.commit(build)
         assert outcome.refusal is not None and "pin-follows-its-version" in outcome.refusal.message

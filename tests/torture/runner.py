@@ -25,6 +25,7 @@ import kvlog
 from kvlog.errors import KvlogError
 from kvlog.storage.faulty import SimulatedCrash
 
+from . import named  # noqa: F401 - registers the checkpoints scenario
 from .actors import Maintainer, ProcessWriter, Reader, ThreadWriter
 from .model import FinalView, check_final
 from .ops import classify

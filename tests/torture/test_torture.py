@@ -7,7 +7,8 @@ violations, its replay command and the path of its log (kept on failure). More s
 The set covers every scenario: ``mixed`` (threads and processes, readers, faults, crashes,
 kill -9, compaction, GC, clock jumps), ``storm`` (same-producer openers at one instant),
 ``slow-compaction`` (a replace commit stalled past the GC delay), ``restore`` (the root put back
-from an older copy under open writers), and the damage scenario (flipped bytes, a deleted commit).
+from an older copy under open writers), ``checkpoints`` (named checkpoints and consumer-group
+commits among all of that), and the damage scenario (flipped bytes, a deleted commit).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ LOCAL_SEEDS = [
     ("storm", 2), ("storm", 7),
     ("slow-compaction", 2), ("slow-compaction", 4),
     ("restore", 3), ("restore", 4),
+    ("checkpoints", 3), ("checkpoints", 5),
 ]
 #: (scenario, seed) pairs run on the SeaweedFS server.
 S3_SEEDS = [("mixed", 4), ("slow-compaction", 1), ("restore", 0)]
