@@ -2,7 +2,9 @@
 never reads every entry.
 
 A row's LMDB key is the expiry time (ms since the epoch, offset by 2**63 so big-endian bytes
-sort as the signed times do) followed by the entry's LMDB key; its value is empty. Rows are
+sort as the signed times do) followed by the entry's LMDB key; its value is the row key's seal
+(:func:`~kvlog.meta.env.seal` of an empty payload), so a damaged row key fails its check, both
+when a read meets it and in the check of a cache changed since its clean close. Rows are
 written with the index entries, in the same transaction. An entry that a later write replaced
 leaves its row behind (a write does not read the entry it replaces): a row counts only while
 the key's current entry carries that very expiry. So the live keys at ``now`` are the index's
@@ -13,9 +15,10 @@ settled, once there are twice as many rows as the last such pruning left
 their rows, when the runs are settled (:func:`drop_expired`): reads hide them anyway, and a
 record compaction removed then has no entry left at all.
 
-A damaged row cannot turn into a wrong answer for a read: reads check each entry's own
-expiry. At worst it miscounts ``len``, and every row is checked against a checksummed entry
-before it counts.
+A damaged row cannot turn into a wrong answer: reads check each entry's own expiry, every row
+is checked against a checksummed entry before it counts, and a row whose key was changed
+(its expiry moved, which would leave its entry uncounted in ``len`` once it expires) fails its
+seal.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 import lmdb
 
 from kvlog.meta.cache import MetaTxn
+from kvlog.meta.env import seal, unseal
 
 __all__ = ["add_rows", "drop_expired", "expired_entries", "prune_rows", "row_key"]
 
@@ -42,13 +46,16 @@ def row_key(expires_ms: int, lmdb_key: bytes) -> bytes:
     return _WHEN.pack(expires_ms + _BIAS) + lmdb_key
 
 
-def _split(row: bytes) -> tuple[int, bytes]:
+def _split(row: bytes, value: bytes | memoryview) -> tuple[int, bytes]:
+    """The expiry and entry key of a row, once its value's seal is checked (``CacheDamage``)."""
+    unseal(row, value)
     return _WHEN.unpack_from(row)[0] - _BIAS, row[_WHEN.size:]
 
 
 def add_rows(meta: MetaTxn, rows: Iterable[tuple[int, bytes]]) -> None:
     """Record ``(expires_ms, lmdb_key)`` of expiring entries being written."""
-    items = [(row_key(expires, lmdb_key), b"") for expires, lmdb_key in rows]
+    keys = [row_key(expires, lmdb_key) for expires, lmdb_key in rows]
+    items = [(key, seal(key, b"")) for key in keys]
     if items:
         with meta.txn.cursor(db=meta.env.dbs["expiries"]) as cur:
             cur.putmulti(items)
@@ -70,8 +77,8 @@ def _rows_until(txn: lmdb.Transaction, db: lmdb._Database, now_ms: int) -> Itera
     with txn.cursor(db=db) as cur:
         if not cur.first():
             return
-        for row in cur.iternext(values=False):
-            expires, lmdb_key = _split(bytes(row))
+        for row, value in cur.iternext():
+            expires, lmdb_key = _split(bytes(row), value)
             if expires > now_ms:
                 return
             yield expires, lmdb_key
@@ -88,8 +95,8 @@ def prune_rows(meta: MetaTxn, expiry_of: Callable[[bytes], int | None]) -> int:
         return 0
     stale = []
     with meta.txn.cursor(db=db) as cur:
-        for row in cur.iternext(values=False):
-            expires, lmdb_key = _split(bytes(row))
+        for row, value in cur.iternext():
+            expires, lmdb_key = _split(bytes(row), value)
             if expiry_of(lmdb_key) != expires:
                 stale.append(bytes(row))
     for row in stale:

@@ -38,7 +38,7 @@ from kvlog.index import IndexEntry, IndexReader, KeyIndex, RebuildChunk, RecordE
 from kvlog.log import append, checkpoints, gc, producer_handle, waiting
 from kvlog.log.append import PendingBatch
 from kvlog.log.committer import Committer, OwnBatches
-from kvlog.log.pins import PinRegistry
+from kvlog.log.pins import registry_for
 from kvlog.log.producer_handle import Producer, claim_store_producer_id
 from kvlog.log.reader import BatchCache, records_of_batch, value_in_batch, values_in_batches
 from kvlog.log.records import AppendResult, Record, partition_for_key
@@ -84,8 +84,8 @@ class Log:
         #: The key index, with this process's memtable in front of it.
         self.index = KeyIndex(env, run_limit=config.index_run_limit, apply_lock=self.apply_lock,
                               monotonic_s=clock.monotonic_s, now_ms=clock.now_ms)
-        #: This process's read views, whose files GC keeps (see :mod:`kvlog.log.pins`).
-        self.pins = PinRegistry()
+        #: This process's read views of this store, whose files GC keeps (see :mod:`kvlog.log.pins`).
+        self.pins = registry_for(identity.store_uuid)
 
     # -- basic facts ------------------------------------------------------------------------------
     @property

@@ -13,7 +13,12 @@ file until it has recorded its own set (:meth:`Pin.settle`). So whatever GC chec
 the pin existed was pending in a snapshot no newer than the view's: a file GC deleted then
 was already replaced at the view's commit, and the view never reads it.
 
-Pins are per process. GC in another process does not see them: there a replaced file waits
+Pins are per process: every handle of one store in a process (a writer, read-only handles,
+each with its own cache) shares one registry (:func:`registry_for`, keyed by the store's
+UUID), so GC by any of them keeps the files replaced after the commit of a snapshot of any
+of them (data file paths are the same in every handle of a store). A handle whose cache lags
+behind the one that runs GC reads, as any reader does, within ``file_delete_delay_ms`` of
+the replacements it has not applied yet. GC in another process does not see them: there a replaced file waits
 ``file_delete_delay_ms`` after its replacement, and named checkpoints are the pins that hold
 across processes.
 """
@@ -21,8 +26,9 @@ across processes.
 from __future__ import annotations
 
 import threading
+import weakref
 
-__all__ = ["Pin", "PinRegistry"]
+__all__ = ["Pin", "PinRegistry", "registry_for"]
 
 
 class Pin:
@@ -52,7 +58,7 @@ class Pin:
 
 
 class PinRegistry:
-    """The pins held in this process (one registry per open log)."""
+    """The pins held in this process on one store (shared by its open logs, see :func:`registry_for`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -85,3 +91,17 @@ class PinRegistry:
     def _forget(self, pin: Pin) -> None:
         with self._lock:
             self._pins.discard(pin)
+
+
+_registries: weakref.WeakValueDictionary[str, PinRegistry] = weakref.WeakValueDictionary()
+_registries_lock = threading.Lock()
+
+
+def registry_for(store_uuid: str) -> PinRegistry:
+    """The registry of this process's pins on the store ``store_uuid``: one while any open log
+    of that store holds it."""
+    with _registries_lock:
+        registry = _registries.get(store_uuid)
+        if registry is None:
+            registry = _registries[store_uuid] = PinRegistry()
+        return registry

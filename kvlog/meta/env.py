@@ -74,12 +74,13 @@ _LMDB_FILES = ("data.mdb", "lock.mdb")
 
 #: The layout of the cache's values (meta key ``cache_layout``): index entries with their
 #: CRC32C (see kvlog.meta.cache) and the values of :data:`SEALED_DBS` sealed (:func:`seal`);
-#: index entries may carry an expiry, with a row in ``expiries`` (see kvlog.index.expiries). A
-#: cache of another layout is emptied when it is opened and rebuilt from storage.
-CACHE_LAYOUT = b"3"
+#: index entries may carry an expiry, with a sealed row in ``expiries`` (see
+#: kvlog.index.expiries). A cache of another layout is emptied when it is opened and rebuilt
+#: from storage.
+CACHE_LAYOUT = b"4"
 #: Databases whose values are sealed: checked by every read and by the check at open.
 SEALED_DBS = ("meta", "files", "batches", "parts", "producers", "outcomes", "cleaner",
-              "offsets", "pins")
+              "offsets", "pins", "expiries")
 _SEAL = struct.Struct(">I")
 #: Checks the structure of a whole cache file mapped in memory: every page of its B-trees and
 #: every value it can check; None if whole, else the first damage found.

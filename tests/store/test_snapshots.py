@@ -172,6 +172,37 @@ def test_snapshots_on_a_read_only_handle(root: Root, opened: list[Any]) -> None:
         assert reader.get(b"a") == b"later"
 
 
+def test_a_read_only_snapshot_survives_gc_by_a_writer_of_the_same_process(root: Root, opened: list[Any]) -> None:
+    # The pins are the process's: GC by another handle of the same store in this process keeps
+    # the files a read-only handle's snapshot reads, as it does for its own handle's snapshots.
+    clock = kvlog.ManualClock()
+    writer = _open(root, clock)
+    opened.append(writer)
+    old = {b"k%03d" % i: b"old-%d" % i + b"v" * 200 for i in range(50)}
+    writer.update(old)
+    writer.put(b"t", b"expiring" * 100, ttl_ms=10)
+    writer.flush()
+    first_files = _data_files(writer)
+    reader = root.open(cache="reader", read_only=True, clock=clock)
+    opened.append(reader)
+    snap = reader.snapshot()
+    writer.update({k: b"new" for k in old})
+    writer.flush()
+    writer.compact(force=True)
+    clock.advance(DELAY * 10)
+    writer.compact(force=True)
+    writer.gc()
+    assert first_files <= _data_files(writer), "GC deleted a file a read-only handle's snapshot reads"
+    reader.log.batch_cache.clear()
+    assert snap.get_many(sorted(old)) == [old[k] for k in sorted(old)]
+    assert snap.get(b"t") == b"expiring" * 100  # expired since, but not at the snapshot's time
+    assert dict(snap.scan()) == {**old, b"t": b"expiring" * 100}
+    snap.close()
+    writer.gc()
+    assert not first_files & _data_files(writer), "the replaced files go once the snapshot is closed"
+    assert reader.log.pins.held() == writer.log.pins.held() == 0
+
+
 @pytest.mark.parametrize("bad", [b"", None, 7, b"k" * (KEY_BYTES_LIMIT + 1), "\ud800"])
 def test_bad_input(local_root: Root, opened: list[Any], bad: Any) -> None:
     store = local_root.open(**EXPLICIT_FLUSH)
