@@ -63,6 +63,8 @@ def test_open_at_a_checkpoint_after_writes_compaction_and_gc(root: Root) -> None
         assert cp == kvlog.Checkpoint("before", store.log.version - 1, cp.created_ms)
         assert store.checkpoints() == [cp]
         pinned_files = _data_files(store)
+        if root.kind == "s3":
+            time.sleep(1.1)  # commit GC compares storage times, to the second on an object store
         _write_rounds(store, range(3, 6))
         store.compact(force=True)
         clock.advance(10_000)
