@@ -28,7 +28,7 @@ from kvlog.log import Log, open_log, pins_named
 from kvlog.log.flusher import Flusher
 from kvlog.log.pins_named import Checkpoint
 from kvlog.log.records import Record, check_ttl, to_key, to_value
-from kvlog.snapshot import Snapshot, open_snapshot, to_keys
+from kvlog.snapshot import Snapshot, key_bound, open_snapshot, to_keys
 from kvlog.storage import Storage
 from kvlog.views import StoreMapping
 
@@ -268,9 +268,9 @@ class Store(StoreMapping):
     ) -> Iterator[tuple[bytes, bytes]]:
         """``(key, value)`` pairs in key order (or reverse), ``start <= key < stop``, over one snapshot."""
         self._check_open()
-        lo = None if start is None else _bound(start)
-        hi = None if stop is None else _bound(stop)
-        pre = None if prefix is None else _bound(prefix)
+        lo = None if start is None else key_bound(start)
+        hi = None if stop is None else key_bound(stop)
+        pre = None if prefix is None else key_bound(prefix)
         self._maybe_refresh()
         return self._while_open(self._index.scan(lo, hi, pre, reverse, self.log.value_of))
 
@@ -444,17 +444,6 @@ class Store(StoreMapping):
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("read-only" if self.log.read_only else "open")
         return f"Store({self.log.storage.uri!r}, partitions={self.log.partitions}, {state})"
-
-
-def _bound(value: bytes | str) -> bytes:
-    if isinstance(value, str):
-        try:
-            return value.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidRecordError(f"a key bound is not valid UTF-8 text: {e.reason}") from None
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    raise InvalidRecordError(f"a key bound must be bytes or str, not {type(value).__name__}")
 
 
 def open_store(
