@@ -16,7 +16,8 @@ import pytest
 import kvlog
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-PAGES = sorted(DOCS.glob("*.rst"))
+#: The Spark pages run in tests/spark/test_docs_spark.py, with the Spark tests' session.
+PAGES = sorted(page for page in DOCS.glob("*.rst") if not page.name.startswith("spark"))
 OPTIONS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 #: Tutorial pages that must keep executable examples (a guard against losing them).
