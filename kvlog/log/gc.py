@@ -87,8 +87,19 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
         newest = max(checkpoints)
         newest_info = next(i for parsed, i in entries if parsed == (newest, "checkpoint"))
         horizon = newest_info.mtime_ms - config.commit_retention_ms
-        for parsed, info in entries:
-            if parsed and parsed[0] < newest and info.mtime_ms < horizon and info.name not in kept:
+        # Oldest first, and commits only as one unbroken run from the oldest, so the commits
+        # left are contiguous whenever this stops (a crash, a failed delete, a commit too young).
+        # A commit collected while an older one stays would stop an opener's replay at a head
+        # that storage still holds, below the checkpoint, and a write from there would take a
+        # freed version that no reader starting from the checkpoint ever crosses.
+        commits_contiguous = True
+        named = sorted(((parsed, info) for parsed, info in entries if parsed is not None), key=lambda e: e[0])
+        for (at, kind), info in named:
+            due = at < newest and info.mtime_ms < horizon and info.name not in kept
+            if kind == "commit":
+                commits_contiguous = commits_contiguous and due
+                due = commits_contiguous
+            if due:
                 storage.delete(info.name)
                 deleted["commits"] += 1
     return deleted

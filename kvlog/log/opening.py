@@ -186,44 +186,51 @@ def _catch_up(the_log: Log) -> None:
         the_log.env.write(reset)
     if not the_log.maintain_index:
         the_log.env.write(lambda txn: MetaTxn(the_log.env, txn).put_meta("index_ready", b"0"))
-    version = the_log.version
     newest = newest_checkpoint(the_log.storage)
-    # A fresh cache starts from the newest checkpoint; so does one whose next commit was
-    # already deleted by commit GC (it fell behind the retention window).
     # Replaying what a killed writer left applies its commits' index runs without merging them:
     # reads search pending runs, and the writer's quiet spells merge them later, so reopening
     # never waits for a merge, whatever was pending.
     with the_log.settle_deferred():
-        loaded = False
-        for attempt in range(3):
-            if not (newest > version and (
-                version == 0 or not the_log.storage.exists(commit_name(version + 1))
-            )):
-                break
-            try:
-                load_checkpoint(the_log, newest)
-                loaded = True
-                break
-            except FileNotFoundError:
-                # Collected between the listing and the read (a newer one was written): list again.
-                if attempt == 2:
-                    raise StorageError(f"checkpoints of {the_log.storage.uri} keep vanishing while "
-                                       "being read; try again") from None
-                newest = newest_checkpoint(the_log.storage)
-            except StorageBehindError:
-                raise
-            except CorruptDataError as e:
-                # A damaged checkpoint only costs replay time while the commits it sums up remain.
-                if not the_log.storage.exists(commit_name(version + 1)):
-                    raise
-                log.warning("checkpoint %d unusable (%s): replaying the commits instead", newest, e)
-                break
+        loaded = _load_checkpoint_if_behind(the_log, newest)
         if not loaded:
-            # Replay first, then rebuild an index marked for it: at the newest version, whose
-            # live files exist (an older version's may have been compacted away and deleted).
             the_log.refresh()
-            if the_log.maintain_index and the_log.snapshot(lambda r: r.get_meta("index_ready")) == b"0":
-                the_log.rebuild_index()
+            # Replay stops at the first missing commit. Below the newest checkpoint (whose commit
+            # storage holds) that is a commit GC collected while an older one stayed (a restore
+            # put it back): the cache is behind, not at the head, and a write from there would
+            # take a freed version that no reader starting from the checkpoint crosses.
+            loaded = _load_checkpoint_if_behind(the_log, newest)
+        if not loaded and the_log.maintain_index and (
+                the_log.snapshot(lambda r: r.get_meta("index_ready")) == b"0"):
+            # Rebuild an index marked for it at the newest version, whose live files exist (an
+            # older version's may have been compacted away and deleted).
+            the_log.rebuild_index()
+
+
+def _load_checkpoint_if_behind(the_log: Log, newest: int) -> bool:
+    """Load checkpoint ``newest`` into a cache behind it that cannot replay up to it: a fresh
+    cache, or one whose next commit commit GC already deleted; whether it was loaded."""
+    for attempt in range(3):
+        version = the_log.version
+        if not (newest > version and (version == 0 or not the_log.storage.exists(commit_name(version + 1)))):
+            return False
+        try:
+            load_checkpoint(the_log, newest)
+            return True
+        except FileNotFoundError:
+            # Collected between the listing and the read (a newer one was written): list again.
+            if attempt == 2:
+                raise StorageError(f"checkpoints of {the_log.storage.uri} keep vanishing while "
+                                   "being read; try again") from None
+            newest = newest_checkpoint(the_log.storage)
+        except StorageBehindError:
+            raise
+        except CorruptDataError as e:
+            # A damaged checkpoint only costs replay time while the commits it sums up remain.
+            if not the_log.storage.exists(commit_name(version + 1)):
+                raise
+            log.warning("checkpoint %d unusable (%s): replaying the commits instead", newest, e)
+            return False
+    return False
 
 
 def _cache_matches_storage(the_log: Log) -> bool:

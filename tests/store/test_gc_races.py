@@ -18,13 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from root_surgery import QUIET, age_every_data_file
+from root_surgery import QUIET, age_every_data_file, is_commit
 
 import kvlog
 from kvlog.clock import ManualClock
-from kvlog.errors import ConfigError
+from kvlog.errors import ConfigError, StorageError
 from kvlog.storage import LocalStorage
-from kvlog.storage.base import BytesLike
+from kvlog.storage.base import BytesLike, ObjectInfo
 
 
 class InterleavingStorage(LocalStorage):
@@ -123,3 +123,43 @@ def test_the_background_gc_with_the_smallest_delay_takes_no_inflight_file(tmp_pa
             store.gc()
         assert store.check() == []
         assert len(store) == 50
+
+
+class _NewestFirstFailingSecondCommitDelete(LocalStorage):
+    """A real local storage listing names newest first (a directory's order is arbitrary),
+    whose second deletion of a commit fails: commit GC cut short halfway."""
+
+    commit_deletes = 0
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        return sorted(super().list(prefix), key=lambda info: info.name, reverse=True)
+
+    def delete(self, name: str) -> None:
+        if is_commit(name):
+            self.commit_deletes += 1
+            if self.commit_deletes == 2:
+                raise StorageError(f"injected: deleting {name} failed")
+        super().delete(name)
+
+
+def test_commit_gc_cut_short_leaves_the_remaining_commits_contiguous(tmp_path: Path) -> None:
+    """Commit GC deletes oldest first, so whenever it stops the commits left have no gap: a
+    cache whose head storage still holds then never stops replaying below the checkpoint and
+    takes a freed version for its next commit."""
+    root = tmp_path / "root"
+    settings = dict(QUIET, checkpoint_interval=1, commit_retention_ms=0)
+    with kvlog.open(_NewestFirstFailingSecondCommitDelete(root, fsync=False), cache_dir=tmp_path / "c",
+                    **settings) as store:
+        for i in range(5):
+            store.put(f"k{i}".encode(), b"v", sync=True)
+        time.sleep(0.01)  # the newest checkpoint's storage time is after the commits it covers
+        store.log.write_checkpoint()
+        time.sleep(0.01)
+        with pytest.raises(StorageError):
+            store.gc()
+    left = sorted(int(p.name.split(".")[0]) for p in (root / "log").iterdir() if is_commit(f"log/{p.name}"))
+    assert left == list(range(left[0], left[-1] + 1)) and left[0] > 1
+    with kvlog.open(root, cache_dir=tmp_path / "c", **settings) as again:
+        assert again.gc()["commits"] > 0
+        assert [again.get(f"k{i}".encode()) for i in range(5)] == [b"v"] * 5
+        assert again.check() == []

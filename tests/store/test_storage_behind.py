@@ -235,3 +235,43 @@ def test_a_commit_that_lands_in_a_version_commit_gc_freed_is_taken_back(tmp_path
     with kvlog.open(root, cache_dir=tmp_path / "fresh", **QUIET) as fresh:
         assert fresh.get(b"a") == b"1" and fresh.get(b"o3") == b"x"
         assert fresh.check() == []
+
+
+
+def test_an_opener_whose_replay_stops_at_a_collected_commit_catches_up_from_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """A restore racing commit GC puts old commits back after GC collected them while GC goes
+    on to collect the next: storage holds the commit a closed cache applied and the one after,
+    then a gap, then later commits and a checkpoint. Reopening that cache replays up to the
+    gap; it must catch up from the checkpoint there, not write its producer registration into
+    the freed version, which no reader starting from the checkpoint crosses (and after which
+    it would refuse the next commit as written after a gap, losing its records)."""
+    root = tmp_path / "root"
+    settings = dict(QUIET, checkpoint_interval=1, commit_retention_ms=0)
+    with kvlog.open(root, cache_dir=tmp_path / "stale", **settings) as stale:
+        stale.put(b"s", b"1", sync=True)
+        head = stale.log.version
+    with kvlog.open(root, cache_dir=tmp_path / "other", **settings) as other:
+        # Opening registered the producer at version head + 1; the puts come after it.
+        old = {v: (root / commit_name(v)).read_bytes() for v in range(1, head + 2)}
+        for i in range(4):
+            other.put(f"o{i}".encode(), b"x", sync=True)
+        time.sleep(0.01)  # the newest checkpoint's storage time is after the commits it covers
+        other.log.write_checkpoint()
+        time.sleep(0.01)
+        assert other.gc()["commits"] > head + 2
+        top = other.log.version
+    for v, data in old.items():  # the restore puts back the commits up to head + 1
+        (root / commit_name(v)).write_bytes(data)
+    assert not (root / commit_name(head + 2)).exists()
+    with kvlog.open(root, cache_dir=tmp_path / "stale", **settings) as again:
+        assert again.log.version >= top
+        assert [again.get(f"o{i}".encode()) for i in range(4)] == [b"x"] * 4
+        again.put(b"after", b"2", sync=True)
+        changes = [(r.partition, r.offset, r.key) for r in again.changes()]
+        assert again.check() == []
+    assert not (root / commit_name(head + 2)).exists()  # the freed version stays free
+    with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh", **settings) as fresh:
+        assert [fresh.get(k) for k in (b"s", b"o0", b"o3", b"after")] == [b"1", b"x", b"x", b"2"]
+        assert [(r.partition, r.offset, r.key) for r in fresh.changes()] == changes
