@@ -363,6 +363,7 @@ def main(argv: list[str]) -> int:
                     pa.ipc.new_file(sink, table.schema) as writer:
                 writer.write_table(table)
     print(f"version {state.version}: {changelog.num_rows} live records, {state_now.num_rows} live keys")
+    print("outside reader: done")
     return 0
 
 

@@ -17,7 +17,8 @@ EXPECTED = {
     "tail_changelog.py": "the rebuilt dict equals the store",
     "object_storage.py": "object storage: done",
     "cache_rebuilder.py": "the rebuilt cache equals the store",
-    "spark_pipeline.py": "spark pipeline: done",
+    "spark_pipeline.py": "spark pipeline: done",  # run by tests/spark and by the test below
+    "outside_reader.py": "outside reader: done",  # run on a store by tests/format/test_outside_reader.py
 }
 
 

@@ -22,6 +22,7 @@ import kvlog
 import kvlog.log.append as append_module
 from kvlog.clock import SystemClock
 from kvlog.log.naming import commit_name
+from tests.test_examples import EXPECTED
 
 READER = Path(__file__).resolve().parents[2] / "examples" / "outside_reader.py"
 HOUR_MS = 3_600_000
@@ -89,7 +90,8 @@ def run_reader(root: Path, out: Path, now_ms: int) -> tuple[str, list[str]]:
     done = subprocess.run([sys.executable, "-c", RUN, str(READER), str(root), str(out), str(now_ms)],
                           capture_output=True, text=True, timeout=120, cwd=out, env=env, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    summary, modules = done.stdout.strip().splitlines()
+    summary, last, modules = done.stdout.strip().splitlines()
+    assert last == EXPECTED["outside_reader.py"]
     return summary, json.loads(modules)
 
 
