@@ -40,15 +40,17 @@ def check_java() -> None:
         raise ConfigError(f"Spark needs Java 17 or newer, found {version}: install openjdk-17-jre-headless")
 
 
-def get_session(master: str | None = None, *, app_name: str = "kvlog", ui: bool = False, **conf: Any) -> Any:
+def get_session(master: str | None = None, *, app_name: str = "kvlog", ui: bool | str = False,
+                **conf: Any) -> Any:
     """A SparkSession: the active one if any, else a new one, ``local[*]`` unless ``master`` is given.
 
     A new session gets :data:`SESSION_DEFAULTS` (16 shuffle partitions, the console progress
     bar, Arrow transfers, filter pushdown into Python data sources), ``PYSPARK_PYTHON`` set to
     this interpreter (so workers import pyarrow and kvlog) and passed to the executors, and
-    binds to loopback in local mode. The web UI is off unless ``ui=True`` (or
+    binds to loopback in local mode. The web UI is off unless ``ui=True`` (or ``"true"``, or
     ``spark.ui.enabled`` is given): it keeps every job's details in the driver's memory,
-    which a small machine needs for the jobs. Each keyword is a Spark setting
+    which a small machine needs for the jobs. (``ui`` takes Spark's text too, so a
+    ``**dict[str, str]`` of settings type-checks.) Each keyword is a Spark setting
     (``**{"spark.driver.memory": "4g"}``) and wins over these defaults.
 
     The active session is returned as it is, with only the keywords applied (the ones Spark
