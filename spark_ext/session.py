@@ -10,7 +10,18 @@ from typing import Any
 
 from kvlog.errors import ConfigError
 
-__all__ = ["get_session", "check_java"]
+__all__ = ["get_session", "check_java", "SESSION_DEFAULTS"]
+
+#: The settings :func:`get_session` gives a session it builds (a keyword or ``ui`` overrides them).
+SESSION_DEFAULTS: dict[str, str] = {
+    # 16 shuffle partitions: Spark's 200 made deduplication about 1.8x slower on 2 cores.
+    "spark.sql.shuffle.partitions": "16",
+    # The console progress bar (stages running longer than 0.5 s, on stderr): a long job is
+    # never silent. Spark itself turns it on only in its interactive shells.
+    "spark.ui.showConsoleProgress": "true",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.python.filterPushdown.enabled": "true",
+}
 
 
 def check_java() -> None:
@@ -29,30 +40,40 @@ def check_java() -> None:
         raise ConfigError(f"Spark needs Java 17 or newer, found {version}: install openjdk-17-jre-headless")
 
 
-def get_session(master: str | None = None, *, app_name: str = "kvlog", **conf: Any) -> Any:
-    """A SparkSession (the active one if any): ``local[*]`` unless ``master`` is given.
+def get_session(master: str | None = None, *, app_name: str = "kvlog", ui: bool | str = False,
+                **conf: Any) -> Any:
+    """A SparkSession: the active one if any, else a new one, ``local[*]`` unless ``master`` is given.
 
-    Sets ``PYSPARK_PYTHON`` to this interpreter (so workers import pyarrow and kvlog),
-    16 shuffle partitions (200 made dedup about 1.8x slower on 2 cores), Arrow
-    transfers, and binds to loopback in local mode.
+    A new session gets :data:`SESSION_DEFAULTS` (16 shuffle partitions, the console progress
+    bar, Arrow transfers, filter pushdown into Python data sources), ``PYSPARK_PYTHON`` set to
+    this interpreter (so workers import pyarrow and kvlog) and passed to the executors, and
+    binds to loopback in local mode. The web UI is off unless ``ui=True`` (or ``"true"``, or
+    ``spark.ui.enabled`` is given): it keeps every job's details in the driver's memory,
+    which a small machine needs for the jobs. (``ui`` takes Spark's text too, so a
+    ``**dict[str, str]`` of settings type-checks.) Each keyword is a Spark setting
+    (``**{"spark.driver.memory": "4g"}``) and wins over these defaults.
+
+    The active session is returned as it is, with only the keywords applied (the ones Spark
+    can change at run time): the defaults never override the settings of a session the
+    caller built.
     """
     check_java()
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return SparkSession.builder.config(map=conf).getOrCreate() if conf else active
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master is None or master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    builder = (
-        SparkSession.builder.appName(app_name)
-        .master(master or os.environ.get("KVLOG_SPARK_MASTER", "local[*]"))
-        .config("spark.sql.shuffle.partitions", "16")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.python.filterPushdown.enabled", "true")
-        .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
-    )
-    for key, value in conf.items():
+    settings: dict[str, Any] = {
+        **SESSION_DEFAULTS,
+        "spark.ui.enabled": ui,
+        "spark.executorEnv.PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"],
+        **conf,
+    }
+    builder = SparkSession.builder.appName(app_name).master(master or os.environ.get("KVLOG_SPARK_MASTER", "local[*]"))
+    for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

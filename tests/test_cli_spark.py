@@ -46,12 +46,32 @@ def test_spark_materialize_command(tmp_path: Path) -> None:
                 store.put(key, value)
                 model[key] = value
     out = tmp_path / "latest"
-    done = run_command("spark", "materialize", str(path), str(out), "--master", "local[2]", cwd=tmp_path)
+    # --conf reaches the job's session: the Parquet files come out with the codec it names.
+    done = run_command("spark", "materialize", str(path), str(out), "--master", "local[2]",
+                       "--conf", "spark.sql.parquet.compression.codec=gzip", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert result["rows"] == len(model)
     table = pq.read_table(out, columns=["key", "value"])
     assert dict(zip(*(c.to_pylist() for c in table.columns), strict=True)) == model
+    parts = sorted(out.glob("*.parquet"))
+    assert parts and all(pq.ParquetFile(part).metadata.row_group(0).column(0).compression == "GZIP"
+                         for part in parts if pq.ParquetFile(part).metadata.num_row_groups)
+
+
+@pytest.mark.parametrize("bad", ["spark.driver.memory", "=4g"])
+def test_spark_bad_conf_is_one_line(bad: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvlog.cli import main
+
+    path = tmp_path / "store"
+    with kvlog.open(str(path), partitions=2) as store:
+        store.put("k", "v")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["spark", "compact", str(path), "--conf", "spark.ui.enabled=true", "--conf", bad])
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("kvlog spark compact: error: argument --conf:") and "KEY=VALUE" in err, err
 
 
 def test_demo_with_spark(tmp_path: Path) -> None:

@@ -70,7 +70,7 @@ def _cmd_spark(args: argparse.Namespace) -> int:
         print(f"kvlog: the Spark extension needs pyspark: pip install 'kvlog[spark]' ({e})", file=sys.stderr)
         return 1
     options = args.storage_options
-    spark = spark_ext.get_session(args.master)
+    spark = spark_ext.get_session(args.master, **dict(args.spark_conf))
     try:
         if args.spark_command == "compact":
             result: Any = spark_ext.compact(spark, args.uri, storage_options=options, force=args.force).to_dict()
@@ -102,6 +102,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     result = run_demo(args.path, records=args.records, materialize=materialize)
     return 1 if result.failures else 0
+
+
+def _spark_conf_arg(text: str) -> tuple[str, str]:
+    """``--conf KEY=VALUE``: a Spark setting, refused as a usage error unless it has a key and ``=``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. spark.driver.memory=4g)")
+    return key.strip(), value
 
 
 _BENCH_POINTER = (
@@ -145,6 +153,8 @@ def register(sub: Subparsers) -> None:
         if name == "compact":
             p.add_argument("--force", action="store_true", help="clean every partition even if none is eligible")
         p.add_argument("--master", help="Spark master, e.g. spark://127.0.0.1:7077 (default local[*])")
+        p.add_argument("--conf", dest="spark_conf", type=_spark_conf_arg, action="append", default=[],
+                       metavar="KEY=VALUE", help="a Spark setting for the job's session; repeatable")
         p.add_argument("--storage-options", type=storage_options_arg, metavar="JSON",
                        help="JSON object of object-store options")
         p.set_defaults(func=_cmd_spark)
