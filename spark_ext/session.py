@@ -6,22 +6,24 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 from kvlog.errors import ConfigError
 
-__all__ = ["get_session", "check_java", "SESSION_DEFAULTS"]
+__all__ = ["get_session", "check_java", "console_progress", "SESSION_DEFAULTS"]
 
 #: The settings :func:`get_session` gives a session it builds (a keyword or ``ui`` overrides them).
 SESSION_DEFAULTS: dict[str, str] = {
     # 16 shuffle partitions: Spark's 200 made deduplication about 1.8x slower on 2 cores.
     "spark.sql.shuffle.partitions": "16",
-    # The console progress bar (stages running longer than 0.5 s, on stderr): a long job is
-    # never silent. Spark itself turns it on only in its interactive shells.
-    "spark.ui.showConsoleProgress": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.python.filterPushdown.enabled": "true",
 }
+
+
+def console_progress(stream: TextIO) -> str:
+    """``spark.ui.showConsoleProgress`` for a session whose stderr is ``stream``: on a terminal only."""
+    return "true" if stream.isatty() else "false"
 
 
 def check_java() -> None:
@@ -44,10 +46,10 @@ def get_session(master: str | None = None, *, app_name: str = "kvlog", ui: bool 
                 **conf: Any) -> Any:
     """A SparkSession: the active one if any, else a new one, ``local[*]`` unless ``master`` is given.
 
-    A new session gets :data:`SESSION_DEFAULTS` (16 shuffle partitions, the console progress
-    bar, Arrow transfers, filter pushdown into Python data sources), ``PYSPARK_PYTHON`` set to
+    A new session gets :data:`SESSION_DEFAULTS` (16 shuffle partitions, Arrow transfers, filter pushdown into Python data sources), ``PYSPARK_PYTHON`` set to
     this interpreter (so workers import pyarrow and kvlog) and passed to the executors, and
-    binds to loopback in local mode. The web UI is off unless ``ui=True`` (or ``"true"``, or
+    binds to loopback in local mode. The console progress bar is on when stderr is a
+    terminal. The web UI is off unless ``ui=True`` (or ``"true"``, or
     ``spark.ui.enabled`` is given): it keeps every job's details in the driver's memory,
     which a small machine needs for the jobs. (``ui`` takes Spark's text too, so a
     ``**dict[str, str]`` of settings type-checks.) Each keyword is a Spark setting
@@ -70,6 +72,9 @@ def get_session(master: str | None = None, *, app_name: str = "kvlog", ui: bool 
     settings: dict[str, Any] = {
         **SESSION_DEFAULTS,
         "spark.ui.enabled": ui,
+        # The console progress bar (stages running longer than 0.5 s, on stderr) on a terminal, so
+        # a long job is never silent there; a log file or a pipe gets no bar lines.
+        "spark.ui.showConsoleProgress": console_progress(sys.stderr),
         "spark.executorEnv.PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"],
         **conf,
     }

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import pty
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +17,18 @@ pytestmark = pytest.mark.spark
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "spark_pipeline.py"
 
 
-def test_a_new_session_shows_progress_and_no_ui(spark: Any) -> None:
-    # The tests' session was built by get_session: its defaults are the ones a user gets.
+def test_a_new_session_shows_progress_on_a_terminal_and_no_ui(spark: Any) -> None:
+    # The tests' session was built by get_session under pytest's captured stderr: no bar lines.
     conf = spark.sparkContext.getConf()
-    assert conf.get("spark.ui.showConsoleProgress") == "true"
+    assert conf.get("spark.ui.showConsoleProgress") == "false"
+    with open(os.devnull, "w") as plain:
+        assert spark_ext.console_progress(plain) == "false"
+    leader, follower = pty.openpty()
+    try:
+        with os.fdopen(follower, "w") as terminal:
+            assert spark_ext.console_progress(terminal) == "true"
+    finally:
+        os.close(leader)
     assert conf.get("spark.ui.enabled") == "false" and spark.sparkContext.uiWebUrl is None
     assert spark.conf.get("spark.sql.python.filterPushdown.enabled") == "true"
 
