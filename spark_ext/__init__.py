@@ -9,6 +9,7 @@ Usage::
 """
 
 from spark_ext.jobs import compact, materialize, rebuild_index, register
+from spark_ext.savemodes import save
 from spark_ext.session import check_java, get_session
 
-__all__ = ["check_java", "compact", "get_session", "materialize", "rebuild_index", "register"]
+__all__ = ["check_java", "compact", "get_session", "materialize", "rebuild_index", "register", "save"]
