@@ -31,6 +31,7 @@ def _rows(prefix: str, n: int) -> list[tuple[bytes, bytes]]:
     return [(f"{prefix}-{i:04d}".encode(), f"{prefix}-value-{i}".encode()) for i in range(n)]
 
 
+@pytest.mark.slow
 def test_a_failed_job_leaves_nothing(spark: Any, kv: Any, tmp_path: Path) -> None:
     """Task 0 writes its file; task 1 fails on both attempts: nothing is visible, and task 0's file,
     which this Spark does not hand to the writer's ``abort``, is an orphan that GC deletes."""
