@@ -9,6 +9,8 @@ Usage::
 """
 
 from spark_ext.jobs import compact, materialize, rebuild_index, register
+from spark_ext.savemodes import save
 from spark_ext.session import check_java, console_progress, get_session
 
-__all__ = ["check_java", "console_progress", "compact", "get_session", "materialize", "rebuild_index", "register"]
+__all__ = ["check_java", "console_progress", "compact", "get_session", "materialize", "rebuild_index", "register",
+           "save"]

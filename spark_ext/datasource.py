@@ -11,6 +11,7 @@ from pyspark.sql.types import StructType
 
 from kvlog.errors import ConfigError
 from spark_ext.reader import KvlogReader
+from spark_ext.savemodes import refuse_catalog_table
 from spark_ext.schemas import LATEST_SCHEMA, LOG_INTERNAL_SCHEMA, LOG_SCHEMA
 from spark_ext.writer import KvlogWriter, check_write_schema
 
@@ -34,6 +35,7 @@ class KvlogDataSource(DataSource):
         return str(self.options.get("internal", "false")).lower() == "true"
 
     def schema(self) -> str:
+        refuse_catalog_table(self.options)  # CREATE TABLE ... USING kvlog
         if self._view() == "latest":
             return LATEST_SCHEMA
         return LOG_INTERNAL_SCHEMA if self._internal() else LOG_SCHEMA
@@ -42,7 +44,6 @@ class KvlogDataSource(DataSource):
         return KvlogReader(dict(self.options), self._view(), self._internal())
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
-        if overwrite:
-            raise ConfigError("the kvlog data source only appends: use .mode('append')")
+        """``mode("append")`` and ``mode("overwrite")`` (see :mod:`spark_ext.writer`)."""
         check_write_schema(schema)  # on the driver, before the store is opened or any task runs
-        return KvlogWriter(dict(self.options), schema)
+        return KvlogWriter(dict(self.options), schema, overwrite)

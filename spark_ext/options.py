@@ -19,7 +19,10 @@ def store_uri(options: Mapping[str, str]) -> str:
     """The store URI of ``load(uri)`` / ``save(uri)`` (or the ``path`` option)."""
     uri = options.get("path") or options.get("uri")
     if not uri:
-        raise ConfigError("the kvlog data source needs a store URI: .load(uri) or .save(uri)")
+        raise ConfigError(
+            "the kvlog data source needs a store URI: .load(uri) or .save(uri), or OPTIONS (path '...') of "
+            "CREATE TEMPORARY VIEW ... USING kvlog. A catalog table (CREATE TABLE ... USING kvlog, "
+            "saveAsTable) cannot be read or written: Spark passes it no path; use a temporary view")
     return str(uri)
 
 

@@ -1,11 +1,14 @@
-"""Append writes of the ``kvlog`` data source.
+"""Writes of the ``kvlog`` data source: ``append`` and ``overwrite``.
 
 The DataFrame's schema is checked on the driver when the write is planned
-(:func:`check_write_schema`), so a bad one fails before any task runs; each
-task is a producer with a deterministic id (from the write job's id and the
-task's partition) and sequences from 0, writes its own data file, and returns
-its file entry; the driver's ``commit`` makes every task's files live in one
-commit; ``abort`` deletes them (they were never referenced).
+(:func:`check_write_schema`), so a bad one fails before any task runs; then
+the options are validated and a missing store is created
+(:func:`spark_ext.savemodes.prepare_store`). Each task is a producer with a
+deterministic id (from the write job's id and the task's partition) and
+sequences from 0, writes its own data file, and returns its file entry; the
+driver's ``commit`` makes every task's files live in one commit (for an
+overwrite, with the tombstones of :mod:`spark_ext.overwrite`); ``abort``
+deletes the files that are not live.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from kvlog.log.naming import data_file_name
 from kvlog.log.records import partition_for_key
 from kvlog.storage import open_storage
 from spark_ext.options import driver_cache_dir, storage_options_from, store_uri
+from spark_ext.overwrite import OverwriteTarget, commit_overwrite
+from spark_ext.savemodes import prepare_store
 
 __all__ = ["KvlogWriter", "check_write_schema"]
 
@@ -67,11 +72,15 @@ def check_write_schema(schema: StructType) -> None:
 
 
 class KvlogWriter(DataSourceArrowWriter):
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+    """Appends (``overwrite=False``) or overwrites; planned on the driver, see the module doc."""
+
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool = False) -> None:
         self.uri = store_uri(options)
         self.storage_options = storage_options_from(options)
         self.cache_dir = options.get("cache_dir") or None
+        self.overwrite = overwrite
         self.job_id = uuid.uuid4().hex
+        self.skip = prepare_store(self.uri, self.storage_options, options, overwrite).skip
         the_log = open_log(self.uri, create=False, read_only=True, storage_options=self.storage_options,
                            cache_dir=driver_cache_dir(self.uri, self.cache_dir), maintain_index=False)
         try:
@@ -85,6 +94,8 @@ class KvlogWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         from pyspark import TaskContext
 
+        if self.skip:  # saveMode=ignore and the store exists: nothing is written
+            return _Files([])
         context = TaskContext.get()
         task = context.partitionId() if context is not None else 0
         producer_id = xxhash.xxh3_64_intdigest(f"{self.job_id}:{task}".encode()) >> 1
@@ -132,6 +143,13 @@ class KvlogWriter(DataSourceArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         files = [file_from_json("spark task", json.loads(f)) for m in messages if isinstance(m, _Files)
                  for f in m.files]
+        if self.skip:
+            return
+        if self.overwrite:  # an empty DataFrame too: it tombstones every key
+            target = OverwriteTarget(self.uri, self.storage_options, driver_cache_dir(self.uri, self.cache_dir),
+                                     self.partitions, self.compression, self.job_id)
+            commit_overwrite(target, files)
+            return
         if not files:
             return
         the_log = open_log(self.uri, create=False, storage_options=self.storage_options,
@@ -146,13 +164,27 @@ class KvlogWriter(DataSourceArrowWriter):
             raise KvlogError(f"the append commit was refused: {outcome.refusal.message}")
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        storage = open_storage(self.uri, self.storage_options)
+        """Delete the tasks' files, except any that is live.
+
+        A commit whose fate was unknown (a storage error while it was written) may have made
+        them live; the store is asked first, and when it cannot answer nothing is deleted
+        (garbage collection takes the files that never became live).
+        """
+        paths = [json.loads(f)["path"] for m in messages if isinstance(m, _Files) for f in m.files]
+        if not paths:
+            return
         try:
-            for m in messages:
-                for f in (m.files if isinstance(m, _Files) else []):
-                    storage.delete(json.loads(f)["path"])
+            the_log = open_log(self.uri, create=False, read_only=True, storage_options=self.storage_options,
+                               cache_dir=driver_cache_dir(self.uri, self.cache_dir), maintain_index=False)
+        except KvlogError:
+            return
+        try:
+            live = {entry.path for _id, entry in the_log.snapshot(lambda r: list(r.iter_files()))}
+            for path in paths:
+                if path not in live:
+                    the_log.storage.delete(path)
         finally:
-            storage.close()
+            the_log.close()
 
 
 @dataclass

@@ -131,9 +131,9 @@ def test_bad_input_commits_nothing(spark: Any, kv: Any, tmp_path: Path) -> None:
     with pytest.raises(Exception, match="binary or string"):
         _write(numbers, path)
     _unchanged(kv, path, version, files, model)
-    # Overwrite is refused: the data source only appends.
-    with pytest.raises(Exception, match="only appends"):
-        _write(spark.createDataFrame(good, "key binary, value binary"), path, mode="overwrite")
+    # Overwrite with a null key: refused the same way.
+    with pytest.raises(Exception, match="may not be null"):
+        _write(bad, path, mode="overwrite")
     _unchanged(kv, path, version, files, model)
 
 
