@@ -122,9 +122,9 @@ class Pruning:
                 self.offsets.narrow_by(f, value)
                 return True
             if isinstance(f, In):
-                values = [v for v in (_as_int(x) for x in f.value) if v is not None]
-                if values and len(values) == len(f.value):
-                    self.offsets.narrow(min(values), max(values) + 1)
+                listed = [v for v in (_as_int(x) for x in f.value) if v is not None]
+                if listed and len(listed) == len(f.value):
+                    self.offsets.narrow(min(listed), max(listed) + 1)
         elif column == "key":
             if isinstance(f, EqualTo | In):
                 found = {bytes(v) for v in (f.value if isinstance(f, In) else (f.value,))

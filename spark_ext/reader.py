@@ -13,7 +13,7 @@ pushed key and offset filters rule out.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -96,7 +96,7 @@ class KvlogReader(DataSourceReader):
         #: the driver's clock when the read is planned).
         self.now_ms = int(options["now_ms"]) if options.get("now_ms") else SystemClock().now_ms()
 
-    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:  # noqa: N802 - Spark's name
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 - Spark's name
         return self.pruning.push(filters)
 
     def partitions(self) -> list[InputPartition]:
