@@ -10,6 +10,8 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSource
 from pyspark.sql.types import StructType
 
 from kvlog.errors import ConfigError
+from spark_ext.read_checks import check_read, check_user_schema
+from spark_ext.read_options import parse_read_options
 from spark_ext.reader import KvlogReader
 from spark_ext.savemodes import refuse_catalog_table
 from spark_ext.schemas import LATEST_SCHEMA, LOG_INTERNAL_SCHEMA, LOG_SCHEMA
@@ -36,11 +38,16 @@ class KvlogDataSource(DataSource):
 
     def schema(self) -> str:
         refuse_catalog_table(self.options)  # CREATE TABLE ... USING kvlog
+        # Called when a read is analysed (``.load()``): the options are checked here, and the
+        # store too when they name a checkpoint or offsets (spark_ext.read_options).
+        check_read(parse_read_options(self.options))
         if self._view() == "latest":
             return LATEST_SCHEMA
         return LOG_INTERNAL_SCHEMA if self._internal() else LOG_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        options = parse_read_options(self.options)
+        check_user_schema(schema, options)  # the first call that sees a .schema(...) of the user's
         return KvlogReader(dict(self.options), self._view(), self._internal())
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:

@@ -37,9 +37,24 @@ __all__ = ["register", "compact", "materialize", "rebuild_index"]
 
 
 def register(spark: Any) -> None:
-    """Register the ``kvlog`` data source with ``spark``."""
-    from spark_ext.datasource import KvlogDataSource
+    """Register the ``kvlog`` data source with ``spark``, any session a user built.
 
+    Spark pushes filters into Python data sources only when the runtime setting
+    ``spark.sql.python.filterPushdown.enabled`` is true (false by default). Left unset,
+    it is set to true on ``spark`` and the data source that prunes with pushed filters is
+    registered; set to false by the user, it stays so and the variant without pushdown is
+    registered (:mod:`spark_ext.plain_source`). A later registration replaces an earlier
+    one, and the one PySpark finds on its own (``pyspark_kvlog``).
+    """
+    from spark_ext.datasource import KvlogDataSource
+    from spark_ext.plain_source import PUSHDOWN_CONF, KvlogPlainDataSource
+
+    setting = spark.conf.get(PUSHDOWN_CONF, None)
+    if setting is None:
+        spark.conf.set(PUSHDOWN_CONF, "true")
+    elif str(setting).strip().lower() != "true":
+        spark.dataSource.register(KvlogPlainDataSource)
+        return
     spark.dataSource.register(KvlogDataSource)
 
 

@@ -1,49 +1,45 @@
 """Batch reads of the ``kvlog`` data source: the log view and the latest-state view.
 
-Planning happens on the driver at one commit version: the driver opens the
-store read-only, lists the live batches, and hands each input partition the
+Planning happens on the driver at one commit version (the newest, or the one
+a named checkpoint keeps: option ``checkpoint``): the driver opens the store
+read-only, lists the live batches, drops those the pushed filters and the
+offsets options rule out (:mod:`spark_ext.pushdown`), and hands each input partition the
 batches it reads (view ``log``: one input partition per data file, read with
 one GET; view ``latest``: one per kvlog partition, since a key's records all
 live in one partition). Executors read Arrow batches themselves and yield
-``pyarrow.RecordBatch`` of exactly the declared schema.
+``pyarrow.RecordBatch`` of exactly the declared schema, without the rows the
+pushed key and offset filters rule out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import (
-    DataSourceReader,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    InputPartition,
-    LessThan,
-    LessThanOrEqual,
-)
+from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 
 from kvlog.clock import SystemClock
 from kvlog.format.bitmap import decode_offsets
 from kvlog.format.datafile import decode_batch
 from kvlog.log import open_log
 from kvlog.meta import LiveBatch
-from kvlog.storage import open_storage
+from kvlog.storage import Storage, open_storage
 from spark_ext.options import driver_cache_dir, storage_options_from, store_uri
+from spark_ext.pushdown import Pruning, Ranges
+from spark_ext.read_options import offset_ranges, parse_read_options
 from spark_ext.schemas import LATEST_ARROW, LOG_ARROW, LOG_INTERNAL_ARROW, expires_column
 
-__all__ = ["KvlogReader", "live_batches", "read_batches"]
+__all__ = ["KvlogPartition", "KvlogReader", "live_batches", "read_batches"]
 
 
-def live_batches(uri: str, storage_options: dict[str, Any] | None, cache_dir: str | None = None
-                 ) -> tuple[int, int, list[LiveBatch]]:
-    """(version, partitions, every live batch in partition then offset order) at the newest version."""
+def live_batches(uri: str, storage_options: dict[str, Any] | None, cache_dir: str | None = None, *,
+                 checkpoint: str | None = None) -> tuple[int, int, list[LiveBatch]]:
+    """(version, partitions, every live batch in partition then offset order) at the newest
+    version, or at the named ``checkpoint`` (:class:`CheckpointNotFoundError` if there is none)."""
     the_log = open_log(uri, create=False, read_only=True, storage_options=storage_options,
-                       cache_dir=driver_cache_dir(uri, cache_dir), maintain_index=False)
+                       cache_dir=driver_cache_dir(uri, cache_dir), maintain_index=False, checkpoint=checkpoint)
     try:
         def collect(r: Any) -> list[LiveBatch]:
             return [b for p in range(the_log.partitions) for b in r.iter_batches(p, 0)]
@@ -74,71 +70,88 @@ def read_batches(storage: Any, batches: Sequence[LiveBatch], *, whole_file: bool
         yield b, decode_batch(b.path, raw, loc)
 
 
+class KvlogPartition(InputPartition):
+    """The batches one task reads (``value``), and the offsets to read of each partition
+    when the read has ``startingOffsets``/``endingOffsets``."""
+
+    def __init__(self, value: list[LiveBatch], ranges: Ranges | None = None, whole_file: bool = True) -> None:
+        super().__init__(value)
+        self.ranges = ranges
+        #: Whether the task reads every live batch of its file (one GET), or some (a ranged GET each).
+        self.whole_file = whole_file
+
+
 class KvlogReader(DataSourceReader):
     def __init__(self, options: dict[str, str], view: str, internal: bool) -> None:
+        self.read_options = parse_read_options(options)
         self.uri = store_uri(options)
         self.storage_options = storage_options_from(options)
         self.view = view
         self.internal = internal
         self.cache_dir = options.get("cache_dir") or None
-        self.partitions_wanted: set[int] | None = None
-        self.offset_min: int | None = None
-        self.offset_max: int | None = None  # exclusive
+        self.checkpoint = self.read_options.checkpoint
+        #: What the pushed filters prune (:mod:`spark_ext.pushdown`).
+        self.pruning = Pruning(view)
         #: The job's time: the latest view hides records expired at it (option ``now_ms``, else
         #: the driver's clock when the read is planned).
         self.now_ms = int(options["now_ms"]) if options.get("now_ms") else SystemClock().now_ms()
 
-    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:  # noqa: N802 - Spark's name
-        for f in filters:
-            attribute = getattr(f, "attribute", None)
-            column = attribute[0] if attribute else None
-            if self.view == "log" and column == "partition" and isinstance(f, EqualTo | In):
-                values = {int(v) for v in (f.value if isinstance(f, In) else (f.value,))}
-                self.partitions_wanted = values if self.partitions_wanted is None else self.partitions_wanted & values
-            elif self.view == "log" and column == "offset" and isinstance(
-                    f, GreaterThan | GreaterThanOrEqual | LessThan | LessThanOrEqual):
-                v = int(f.value)
-                if isinstance(f, GreaterThan | GreaterThanOrEqual):
-                    lo = v + 1 if isinstance(f, GreaterThan) else v
-                    self.offset_min = lo if self.offset_min is None else max(self.offset_min, lo)
-                else:
-                    hi = v if isinstance(f, LessThan) else v + 1
-                    self.offset_max = hi if self.offset_max is None else min(self.offset_max, hi)
-            else:
-                yield f
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 - Spark's name
+        return self.pruning.push(filters)
 
     def partitions(self) -> list[InputPartition]:
-        _version, _n, batches = live_batches(self.uri, self.storage_options, self.cache_dir)
-        if self.partitions_wanted is not None:
-            batches = [b for b in batches if b.partition in self.partitions_wanted]
-        if self.offset_min is not None:
-            batches = [b for b in batches if b.last >= self.offset_min]
-        if self.offset_max is not None:
-            batches = [b for b in batches if b.base < self.offset_max]
+        _version, count, batches = live_batches(self.uri, self.storage_options, self.cache_dir,
+                                                checkpoint=self.checkpoint)
+        per_file: dict[str, int] = {}
+        for b in batches:
+            per_file[b.path] = per_file.get(b.path, 0) + 1
+        ranges = None
+        if self.read_options.has_offsets:
+            ends: dict[int, int] = {}
+            for b in batches:
+                ends[b.partition] = max(ends.get(b.partition, 0), b.last + 1)
+            ranges = offset_ranges(self.read_options, count, ends)
+        # Pruning comes before the batches are grouped into input partitions.
+        batches = self.pruning.batches(batches, count, ranges)
         groups: dict[Any, list[LiveBatch]] = {}
         for b in batches:
             groups.setdefault(b.path if self.view == "log" else b.partition, []).append(b)
         if self.view == "log":
             for items in groups.values():
                 items.sort(key=lambda b: b.position)
-        parts = [InputPartition(items) for _k, items in sorted(groups.items(), key=lambda kv: str(kv[0]))]
+        parts: list[InputPartition] = [
+            KvlogPartition(items, ranges, self.view != "log" or len(items) == per_file[items[0].path])
+            for _k, items in sorted(groups.items(), key=lambda kv: str(kv[0]))]
         return parts or [InputPartition([])]
+
+    def open_storage(self) -> Storage:
+        """The store's storage, as a task opens it to read data files."""
+        return open_storage(self.uri, self.storage_options)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         batches: list[LiveBatch] = partition.value
         if not batches:
             return
-        storage = open_storage(self.uri, self.storage_options)
+        ranges: Ranges | None = getattr(partition, "ranges", None)
+        pruning = self.pruning
+        storage = self.open_storage()
         try:
             if self.view == "log":
-                yield from self._read_log(storage, batches)
+                out = self._read_log(storage, batches, getattr(partition, "whole_file", True))
             else:
-                yield from self._read_latest(storage, batches)
+                out = self._read_latest(storage, batches)
+            if not pruning.filters_rows(ranges):
+                yield from out
+                return
+            for batch in out:
+                kept = pruning.rows(batch, ranges)
+                if kept.num_rows:
+                    yield kept
         finally:
             storage.close()
 
-    def _read_log(self, storage: Any, batches: list[LiveBatch]) -> Iterator[pa.RecordBatch]:
-        for b, rb in read_batches(storage, batches, whole_file=True):
+    def _read_log(self, storage: Any, batches: list[LiveBatch], whole_file: bool = True) -> Iterator[pa.RecordBatch]:
+        for b, rb in read_batches(storage, batches, whole_file=whole_file):
             offsets = _offsets(b)
             values = rb.column(1)
             n = rb.num_rows
@@ -148,16 +161,7 @@ class KvlogReader(DataSourceReader):
             if self.internal:
                 columns.append(pa.array([b.horizon_ms] * n, pa.int64()))
                 schema = LOG_INTERNAL_ARROW
-            out = pa.record_batch(columns, schema=schema)
-            if self.offset_min is not None or self.offset_max is not None:
-                mask = pa.array([True] * n)
-                if self.offset_min is not None:
-                    mask = pc.and_(mask, pc.greater_equal(offsets, self.offset_min))
-                if self.offset_max is not None:
-                    mask = pc.and_(mask, pc.less(offsets, self.offset_max))
-                out = out.filter(mask)
-            if out.num_rows:
-                yield out
+            yield pa.record_batch(columns, schema=schema)
 
     def _read_latest(self, storage: Any, batches: list[LiveBatch]) -> Iterator[pa.RecordBatch]:
         """Newest first: the first record seen of each key is its latest; tombstones, and records

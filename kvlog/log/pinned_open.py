@@ -4,11 +4,13 @@ The pinned version gets a metadata cache of its own (next to the store's, under
 ``<cache>-checkpoints/<version>``): the metadata checkpoint written when the checkpoint was
 created (kept by GC while it exists) is loaded there, with the commit at that version as the
 pin records it (GC does not keep that commit), and the key index is rebuilt from the
-data files the checkpoint keeps. That log never applies later commits, so every read (get,
-scan, len, changes, offsets) answers as the store was at that version. A cache already
-loaded for that version (and the same commit there) is reused, and openers load it one at a
-time (a lock file beside it), so none empties it under another's reads; the caches of deleted
-checkpoints stay until that directory is removed (they are derived data).
+data files the checkpoint keeps (not when the store is opened with ``maintain_index=False``,
+as the Spark driver does to list batches: the metadata alone is loaded then). That log never
+applies later commits, so every read (get, scan, len, changes, offsets) answers as the store
+was at that version. A cache already loaded for that version (and the same commit there) is
+reused, and openers load it one at a time (a lock file beside it), so none empties it under
+another's reads; the caches of deleted checkpoints stay until that directory is removed (they
+are derived data).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def open_pinned(main: Log, name: str) -> Log:
     cache = Path(f"{main.env.path}-checkpoints") / str(pin.version)
     env = acquire_env(cache, check_cache_file)
     pinned = Log(main.storage, main.identity, env, main.config, main.clock, main.ids,
-                 read_only=True, owns_storage=False)
+                 read_only=True, owns_storage=False, maintain_index=main.maintain_index)
     pinned.frozen_at = pin.version
     try:
         with _loading(cache):
@@ -74,7 +76,8 @@ def _load(pinned: Log, pin: NamedPin) -> None:
 
     def ready(r: Any) -> bool:
         return bool(r.get_meta("uuid") == uuid and r.get_meta(_LOADED) == marker
-                    and r.get_meta("index_ready") == b"1" and r.version() == version)
+                    and (r.get_meta("index_ready") == b"1" or not pinned.maintain_index)
+                    and r.version() == version)
 
     if pinned.snapshot(ready):
         return

@@ -129,9 +129,12 @@ def test_partition_and_offset_pushdown(spark: Any, kv: Any, tmp_path: Path) -> N
         assert "BatchScan kvlog" in plan
         assert not _UNPUSHED.search(plan), f"{condition!r} was not pushed down:\n{plan}"
         frames.append(df.withColumn("query", F.lit(number)))
-    # view=latest takes no filter: Spark keeps it, and the answer is still right.
+    # view=latest prunes partitions too; an offset filter it cannot prune by (a key's newer
+    # batches would be dropped) stays with Spark, and both answers are right.
     latest = read(spark, path, view="latest").where("partition = 1")
-    assert _UNPUSHED.search(_plan(latest))
+    assert not _UNPUSHED.search(_plan(latest))
+    latest_offsets = read(spark, path, view="latest").where("offset > 100")
+    assert _UNPUSHED.search(_plan(latest_offsets))
     union = frames[0]
     for frame in frames[1:]:
         union = union.unionByName(frame)
@@ -143,7 +146,9 @@ def test_partition_and_offset_pushdown(spark: Any, kv: Any, tmp_path: Path) -> N
         assert got == want, condition
     with kv.open_store(path, read_only=True) as store:
         want_latest = {k: v for k, (v, p, _o, _t) in latest_of(kv, store).items() if p == 1}
+        want_late = {k: v for k, (v, _p, o, _t) in latest_of(kv, store).items() if o > 100}
     assert {bytes(r["key"]): bytes(r["value"]) for r in latest.collect()} == want_latest
+    assert {bytes(r["key"]): bytes(r["value"]) for r in latest_offsets.collect()} == want_late
 
 
 def test_a_resent_duplicate_batch_is_never_read(spark: Any, kv: Any, tmp_path: Path,
