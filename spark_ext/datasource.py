@@ -6,12 +6,21 @@ this module maps Spark's options to them.
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceReader
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+)
 from pyspark.sql.types import StructType
 
 from kvlog.errors import ConfigError
 from spark_ext.reader import KvlogReader
 from spark_ext.schemas import LATEST_SCHEMA, LOG_INTERNAL_SCHEMA, LOG_SCHEMA
+from spark_ext.stream_options import StreamReadOptions
+from spark_ext.stream_reader import KvlogStreamReader
+from spark_ext.stream_writer import make_stream_writer
 from spark_ext.writer import KvlogWriter, check_write_schema
 
 __all__ = ["KvlogDataSource"]
@@ -46,3 +55,13 @@ class KvlogDataSource(DataSource):
             raise ConfigError("the kvlog data source only appends: use .mode('append')")
         check_write_schema(schema)  # on the driver, before the store is opened or any task runs
         return KvlogWriter(dict(self.options), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802 - Spark's name
+        """``spark.readStream.format("kvlog")``: the log view in micro-batches (:mod:`spark_ext.stream_reader`)."""
+        return KvlogStreamReader(StreamReadOptions.parse(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:  # noqa: N802
+        """``df.writeStream.format("kvlog")``: exactly-once appends (:mod:`spark_ext.stream_writer`)."""
+        if overwrite:
+            raise ConfigError("the kvlog streaming sink only appends: use outputMode('append') or 'update'")
+        return make_stream_writer(dict(self.options), schema)
