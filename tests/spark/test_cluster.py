@@ -5,7 +5,9 @@ pyspark package directory), each in its own process group, so stopping them
 (SIGTERM, then SIGKILL) also takes the executors and Python workers the worker
 started. The commands under test are ``kvlog spark compact URI --master
 spark://...`` and ``kvlog spark materialize URI OUT --master spark://...``,
-run as subprocesses (also in their own process groups).
+run as subprocesses (also in their own process groups), and a streaming query
+(``stream_copy.py``: the ``kvlog`` streaming source into the ``kvlog`` sink) with a
+driver of its own on the same cluster.
 """
 
 from __future__ import annotations
@@ -153,6 +155,22 @@ def run_command(args: list[str], cwd: Path, groups: list[int]) -> subprocess.Com
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
+def run_stream_copy(args: list[str], cwd: Path, groups: list[int]) -> subprocess.CompletedProcess[str]:
+    """Run ``stream_copy.py ARGS`` (a streaming query's driver) as :func:`run_command` runs ``kvlog``."""
+    env = dict(_env(_spark_home()), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stream_copy.py")), *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env,
+                               start_new_session=True)
+    groups.append(process.pid)
+    try:
+        stdout, stderr = process.communicate(timeout=COMMAND_TIMEOUT_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
 def test_compact_and_materialize_on_a_standalone_cluster(tmp_path: Path) -> None:
     path = tmp_path / "store"
     model: dict[bytes, bytes] = {}
@@ -181,6 +199,12 @@ def test_compact_and_materialize_on_a_standalone_cluster(tmp_path: Path) -> None
                                groups)
             assert done.returncode == 0, done.stderr[-4000:]
             assert json.loads(done.stdout)["rows"] == len(model)
+            # The streaming source and sink: the compacted log, copied in micro-batches of 250.
+            copy = tmp_path / "stream-copy"
+            kvlog.open(str(copy), partitions=4).close()
+            done = run_stream_copy([master, str(path), str(copy), str(tmp_path / "stream-ck"), "250"], tmp_path,
+                                   groups)
+            assert done.returncode == 0, done.stderr[-4000:]
             # The executors really ran on the worker.
             assert any((tmp_path / "worker-dir").glob("app-*/*/stderr"))
     finally:
@@ -197,3 +221,7 @@ def test_compact_and_materialize_on_a_standalone_cluster(tmp_path: Path) -> None
         assert len(rows) == records_before - report["records_removed"]
         assert dict(store.scan()) == model
         assert store.check() == []
+        source_log = Counter((r.partition, r.key, r.value, r.timestamp_ms) for r in store.changes())
+    with kvlog.open(str(copy), read_only=True) as store:
+        assert Counter((r.partition, r.key, r.value, r.timestamp_ms) for r in store.changes()) == source_log
+        assert store.log.version == 1 + -(-len(rows) // 250)  # created, then one commit per micro-batch
