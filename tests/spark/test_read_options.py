@@ -57,6 +57,11 @@ def test_unknown_options_are_refused_when_the_read_is_analysed(spark: Any, kv: A
         reader(spark, versionAsOf="3").load(path)
     with pytest.raises(Exception, match=r"unknown option 'colour' of the kvlog data source; the known"):
         reader(spark, colour="red").load(path)
+    # A streaming read's option passes .load() (which cannot tell a batch from a stream) and is
+    # refused when the batch read is planned.
+    stream_only = reader(spark, maxRecordsPerTrigger="5").load(path)
+    with pytest.raises(Exception, match=r"unknown option 'maxrecordspertrigger' of the kvlog data source"):
+        stream_only.collect()
     with pytest.raises(Exception, match=r"internal='yes': use 'true' or 'false'"):
         reader(spark, internal="yes").load(path)
     # Names are case-insensitive (Spark lower-cases them); storage.* options are known.

@@ -108,12 +108,16 @@ def test_bad_options_are_refused_before_anything_runs(spark: Any, kv: Any, tmp_p
             StreamReadOptions.parse({"path": path, **options})
     with pytest.raises(ConfigError, match="needs .option\\('checkpointLocation'"):
         StreamWriteOptions.parse({"path": path})
-    # Through Spark: the query fails before its first micro-batch; nothing is written anywhere.
+    # Through Spark: an unknown option is refused when the stream is analysed (.load()), before
+    # any query starts.
+    with pytest.raises(Exception, match="(?i)unknown option 'maxRecordsPerTriger'"):
+        spark.readStream.format("kvlog").option("maxRecordsPerTriger", "5").load(path)
+    # A value only the stream checks fails the query before its first micro-batch; nothing is written.
     out = tmp_path / "out"
-    query = (spark.readStream.format("kvlog").option("maxRecordsPerTriger", "5").load(path)
+    query = (spark.readStream.format("kvlog").option("maxRecordsPerTrigger", "0").load(path)
              .writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "ck1"))
              .trigger(availableNow=True).start(str(out)))
-    with pytest.raises(Exception, match="(?i)unknown option 'maxRecordsPerTriger'"):
+    with pytest.raises(Exception, match="maxRecordsPerTrigger='0'"):
         query.awaitTermination()
     assert not (tmp_path / "ck1" / "offsets").exists() or not any((tmp_path / "ck1" / "offsets").iterdir())
     sink = str(tmp_path / "sink")
