@@ -8,7 +8,6 @@ planned or any file written (option names are case-insensitive, as Spark's are).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,13 +17,9 @@ import xxhash
 
 from kvlog.errors import ConfigError
 from spark_ext.options import STORAGE_PREFIX, storage_options_from, store_uri
+from spark_ext.read_options import OffsetSpec, parse_offsets
 
-__all__ = ["STREAM_READ_OPTIONS", "StreamReadOptions", "StreamWriteOptions", "EARLIEST", "LATEST"]
-
-#: ``startingOffsets`` in a JSON object: Kafka's markers for "the partition's first record"
-#: and "the partition's end when the query starts".
-EARLIEST = -2
-LATEST = -1
+__all__ = ["STREAM_READ_OPTIONS", "StreamReadOptions", "StreamWriteOptions"]
 
 _READ_OPTIONS = ("path", "startingOffsets", "maxRecordsPerTrigger", "view", "cache_dir")
 #: The options only a streaming read has (a batch read refuses them).
@@ -54,15 +49,15 @@ def _lookup(options: Mapping[str, str], name: str) -> str | None:
 class StreamReadOptions:
     """``spark.readStream.format("kvlog")``: where to start, and how much per micro-batch.
 
-    ``starting`` is ``"earliest"``, ``"latest"`` or a mapping partition -> offset, where an
-    offset may be :data:`EARLIEST` or :data:`LATEST`; partitions the mapping leaves out start
-    at their first record.
+    ``starting`` is parsed as a batch read's ``startingOffsets``
+    (:func:`spark_ext.read_options.parse_offsets`): partitions it leaves out start at their
+    first record.
     """
 
     uri: str
     storage_options: dict[str, Any] | None
     cache_dir: str | None
-    starting: str | dict[int, int]
+    starting: OffsetSpec
     max_records_per_trigger: int | None
 
     @classmethod
@@ -71,12 +66,7 @@ class StreamReadOptions:
         view = (_lookup(options, "view") or "log").lower()
         if view != "log":
             raise ConfigError(f"view={view!r}: a kvlog stream reads the log view (every record in offset order)")
-        raw_start = (_lookup(options, "startingOffsets") or "earliest").strip()
-        starting: str | dict[int, int]
-        if raw_start.lower() in ("earliest", "latest"):
-            starting = raw_start.lower()
-        else:
-            starting = _offsets_json(raw_start)
+        starting = parse_offsets(_lookup(options, "startingOffsets") or "earliest", "startingOffsets")
         raw_max = _lookup(options, "maxRecordsPerTrigger")
         max_records: int | None = None
         if raw_max is not None:
@@ -88,27 +78,6 @@ class StreamReadOptions:
                 raise ConfigError(f"maxRecordsPerTrigger={raw_max!r}: use a whole number >= 1")
         return cls(store_uri(options), storage_options_from(options), _lookup(options, "cache_dir") or None,
                    starting, max_records)
-
-
-def _offsets_json(text: str) -> dict[int, int]:
-    hint = ('startingOffsets is "earliest", "latest" or a JSON object of partition -> offset such as '
-            '{"0": 10, "3": 0} (-2: the partition\'s first record, -1: its end when the query starts)')
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        raise ConfigError(f"startingOffsets={text!r}: {hint}") from None
-    if not isinstance(parsed, dict) or not parsed:
-        raise ConfigError(f"startingOffsets={text!r}: {hint}")
-    out: dict[int, int] = {}
-    for key, value in parsed.items():
-        try:
-            partition = int(key)
-        except ValueError:
-            raise ConfigError(f"startingOffsets={text!r}: partition {key!r} is not a number; {hint}") from None
-        if not isinstance(value, int) or isinstance(value, bool) or value < EARLIEST or partition < 0:
-            raise ConfigError(f"startingOffsets={text!r}: partition {key!r} -> {value!r}; {hint}")
-        out[partition] = value
-    return out
 
 
 @dataclass(frozen=True)

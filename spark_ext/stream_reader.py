@@ -40,9 +40,10 @@ from kvlog.log import Log, open_log
 from kvlog.meta import LiveBatch
 from kvlog.storage import open_storage
 from spark_ext.options import driver_cache_dir
+from spark_ext.read_options import EARLIEST, LATEST
 from spark_ext.reader import read_batches
 from spark_ext.schemas import LOG_ARROW, expires_column
-from spark_ext.stream_options import EARLIEST, LATEST, StreamReadOptions
+from spark_ext.stream_options import StreamReadOptions
 
 __all__ = ["KvlogStreamReader", "share_limit"]
 
@@ -144,13 +145,8 @@ class KvlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, int]:  # noqa: N802 - Spark's name
         ends = self._ends()
         starting = self.options.starting
-        if starting == "latest":
-            return _as_json(ends)
-        if starting == "earliest":
-            return _as_json({p: 0 for p in ends})
-        assert isinstance(starting, dict)
-        out: Offsets = {p: 0 for p in ends}
-        for p, offset in starting.items():
+        out: Offsets = {p: 0 if starting.default == EARLIEST else ends[p] for p in ends}
+        for p, offset in starting.partitions:
             if p not in ends:
                 raise ConfigError(f"startingOffsets names partition {p}; the store has partitions "
                                   f"0..{self.partition_count - 1}")
