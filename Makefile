@@ -31,7 +31,7 @@ demo: install java ## run the end-to-end demo on a local store
 	$(VENV)/bin/kvlog demo
 
 test: install java ## the whole suite (unit, property, fault, S3, Spark, examples, tutorials) and the docs
-	@bash scripts/run-pytest.sh $(PY) $(PYTEST_ARGS)
+	@bash scripts/run-pytest.sh $(PY) -n 2 --dist loadgroup $(PYTEST_ARGS)
 	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs docs/_build/html
 
 test-fast: install ## the suite without slow, S3 and Spark tests
