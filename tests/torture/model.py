@@ -13,8 +13,14 @@ handle (or any changelog read) saw is committed, hence durable too (an *observat
 
 After a run, for every key: the value read must be the one of the latest firm write of the key
 (acknowledged or observed) or of a later write (a maybe or a newer one); with no firm write the
-key may also be absent. A restore of the root from an older snapshot makes every write firmed
-between the snapshot and the end of the restore a maybe again (that loss is the restore's).
+key may also be absent. A restore of the root from an older snapshot makes a firm write a maybe
+again when its commit may have landed between the snapshot and the end of the restore (that loss
+is the restore's). A write's commit lands at some moment between the start of the call that made
+the write and its acknowledgement, so the write is a maybe again when that span, not only its
+acknowledgement, meets the restore's: a ``put_sync`` whose commit landed before the restore put
+the old files back, but whose call returned after it, lost its write to the restore; so did a
+buffered ``put`` that a background flush committed before the restore and a ``flush()`` after
+the restore acknowledged.
 """
 
 from __future__ import annotations
@@ -66,13 +72,18 @@ def parse_value(value: bytes) -> tuple[str, str, int] | None:
 
 @dataclass
 class Write:
-    """One write (a put, or a delete when ``value`` is None) and what is known of its fate."""
+    """One write (a put, or a delete when ``value`` is None) and what is known of its fate.
+
+    ``made_ns``: when the call that made it began (monotonic); ``acked_ns``: when kvlog said it
+    is durable. Its commit landed in between, if it landed.
+    """
 
     writer: str
     counter: int
     key: str
     value: bytes | None
     gen: int
+    made_ns: int
     acked_ns: int | None = None
 
     @property
@@ -107,14 +118,14 @@ class Journal:
             self._file.write(json.dumps(obj) + "\n")
 
     def record(self, key: str, value: bytes | None, gen: int) -> Write:
-        """Record a write about to be made and return it."""
+        """Record a write about to be made (stamped with the time its call begins) and return it."""
         with self._lock:
             self.counter += 1
-            w = Write(self.writer, self.counter, key, value, gen)
+            w = Write(self.writer, self.counter, key, value, gen, time.monotonic_ns())
             self.writes.append(w)
             self._pending.append(w)
         self.line({"t": "w", "c": w.counter, "k": key, "v": None if value is None else value.decode("latin-1"),
-                   "g": gen})
+                   "g": gen, "ns": w.made_ns})
         return w
 
     def next_value(self, key: str, pad: int) -> bytes:
@@ -153,7 +164,7 @@ class Journal:
             kind = obj.get("t")
             if kind == "w":
                 value = None if obj["v"] is None else obj["v"].encode("latin-1")
-                w = Write(writer, int(obj["c"]), obj["k"], value, int(obj["g"]))
+                w = Write(writer, int(obj["c"]), obj["k"], value, int(obj["g"]), int(obj["ns"]))
                 writes.append(w)
                 pending.append(w)
             elif kind == "a":
@@ -187,7 +198,9 @@ class History:
         self.extra_writes: list[Write] = []  # parsed from process journals at the end
         self.observed: dict[str, Observation] = {}
         self.seen_values: set[bytes] = set()
-        self.restores: list[tuple[int, int]] = []  # (snapshot taken, restore finished), monotonic ns
+        #: (snapshot taken, restore's files in place), monotonic ns: a commit that landed in
+        #: between is gone after the restore.
+        self.restores: list[tuple[int, int]] = []
         self.violations: list[str] = []
         self.notes: list[str] = []
 
@@ -228,9 +241,12 @@ class History:
         out.extend(self.extra_writes)
         return out
 
-    def demoted(self, at_ns: int) -> bool:
-        """Whether a firm write at ``at_ns`` may have been undone by a restore."""
-        return any(start <= at_ns <= end for start, end in self.restores)
+    def demoted(self, first_ns: int, last_ns: int) -> bool:
+        """Whether a commit known to have landed between ``first_ns`` and ``last_ns`` may have
+        been undone by a restore: that span meets a restore's, from its snapshot to the moment
+        its files were in place (a commit before the snapshot is in the copy put back; one after
+        the restore stays)."""
+        return any(first_ns <= end and start <= last_ns for start, end in self.restores)
 
 
 @dataclass
@@ -271,11 +287,12 @@ def _allowed(writes: list[Write], history: History, use_observations: bool) -> t
     """The values ``key`` may hold at the end (None: absent) and the firm write they follow."""
     firm = -1
     for i, w in enumerate(writes):
-        if w.acked_ns is not None and not history.demoted(w.acked_ns):
+        if w.acked_ns is not None and not history.demoted(w.made_ns, w.acked_ns):
             firm = i
     if use_observations and writes:
         obs = history.observed.get(writes[0].key)
-        if obs is not None and not history.demoted(obs.at_ns):
+        # The commit a read saw landed at some moment before the read returned.
+        if obs is not None and not history.demoted(0, obs.at_ns):
             for i, w in enumerate(writes):
                 if w.counter == obs.counter:
                     firm = max(firm, i)
