@@ -4,7 +4,8 @@ Planning happens on the driver at one commit version: the driver opens the
 store read-only, lists the live batches, and hands each input partition the
 batches it reads (view ``log``: one input partition per data file, read with
 one GET; view ``latest``: one per kvlog partition, since a key's records all
-live in one partition). Executors read Arrow batches themselves and yield
+live in one partition, or several key-hash shares of a large one, see
+:mod:`spark_ext.latest`). Executors read Arrow batches themselves and yield
 ``pyarrow.RecordBatch`` of exactly the declared schema.
 """
 
@@ -28,13 +29,15 @@ from pyspark.sql.datasource import (
 )
 
 from kvlog.clock import SystemClock
+from kvlog.errors import ConfigError
 from kvlog.format.bitmap import decode_offsets
 from kvlog.format.datafile import decode_batch
 from kvlog.log import open_log
 from kvlog.meta import LiveBatch
 from kvlog.storage import open_storage
+from spark_ext.latest import LATEST_SPLIT_BYTES, LatestShare, latest_shares, read_latest
 from spark_ext.options import driver_cache_dir, storage_options_from, store_uri
-from spark_ext.schemas import LATEST_ARROW, LOG_ARROW, LOG_INTERNAL_ARROW, expires_column
+from spark_ext.schemas import LOG_ARROW, LOG_INTERNAL_ARROW, expires_column
 
 __all__ = ["KvlogReader", "live_batches", "read_batches"]
 
@@ -74,6 +77,19 @@ def read_batches(storage: Any, batches: Sequence[LiveBatch], *, whole_file: bool
         yield b, decode_batch(b.path, raw, loc)
 
 
+def _positive(options: dict[str, str], name: str, default: int) -> int:
+    text = options.get(name)
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"option {name} must be a positive integer, got {text!r}")
+    return value
+
+
 class KvlogReader(DataSourceReader):
     def __init__(self, options: dict[str, str], view: str, internal: bool) -> None:
         self.uri = store_uri(options)
@@ -87,6 +103,8 @@ class KvlogReader(DataSourceReader):
         #: The job's time: the latest view hides records expired at it (option ``now_ms``, else
         #: the driver's clock when the read is planned).
         self.now_ms = int(options["now_ms"]) if options.get("now_ms") else SystemClock().now_ms()
+        #: View ``latest``: a kvlog partition of more stored bytes is read by several tasks.
+        self.latest_split_bytes = _positive(options, "latest_split_bytes", LATEST_SPLIT_BYTES)
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:  # noqa: N802 - Spark's name
         for f in filters:
@@ -121,19 +139,22 @@ class KvlogReader(DataSourceReader):
         if self.view == "log":
             for items in groups.values():
                 items.sort(key=lambda b: b.position)
-        parts = [InputPartition(items) for _k, items in sorted(groups.items(), key=lambda kv: str(kv[0]))]
-        return parts or [InputPartition([])]
+        ordered = [items for _k, items in sorted(groups.items(), key=lambda kv: str(kv[0]))]
+        if self.view == "latest":
+            return [InputPartition(share) for items in ordered for share in latest_shares(items, self.latest_split_bytes)] or [
+                InputPartition(LatestShare(()))]
+        return [InputPartition(items) for items in ordered] or [InputPartition([])]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        batches: list[LiveBatch] = partition.value
-        if not batches:
+        value = partition.value
+        if not (value.batches if isinstance(value, LatestShare) else value):
             return
         storage = open_storage(self.uri, self.storage_options)
         try:
-            if self.view == "log":
-                yield from self._read_log(storage, batches)
+            if isinstance(value, LatestShare):
+                yield from read_latest(storage, value, self.now_ms)
             else:
-                yield from self._read_latest(storage, batches)
+                yield from self._read_log(storage, value)
         finally:
             storage.close()
 
@@ -158,33 +179,3 @@ class KvlogReader(DataSourceReader):
                 out = out.filter(mask)
             if out.num_rows:
                 yield out
-
-    def _read_latest(self, storage: Any, batches: list[LiveBatch]) -> Iterator[pa.RecordBatch]:
-        """Newest first: the first record seen of each key is its latest; tombstones, and records
-        expired at the job's time, hide the key."""
-        seen: set[bytes] = set()
-        now_ms = self.now_ms
-        # One ranged read per batch, newest first and lazily: a task holds one batch at a time
-        # (and the keys seen), never its whole partition.
-        for b, rb in read_batches(storage, batches[::-1], whole_file=False):
-            keys = rb.column(0).to_pylist()
-            values = rb.column(1)
-            live = pc.is_valid(values).to_pylist()
-            expires = expires_column(rb)
-            when = expires.to_pylist() if expires.null_count < len(expires) else None
-            offsets = _offsets(b)
-            take = []
-            for i in range(len(keys) - 1, -1, -1):
-                if keys[i] in seen:
-                    continue
-                seen.add(keys[i])
-                if live[i] and (when is None or when[i] is None or now_ms < when[i]):
-                    take.append(i)
-            if not take:
-                continue
-            idx = pa.array(take, pa.int64())
-            n = len(take)
-            yield pa.record_batch([
-                rb.column(0).take(idx), values.take(idx), pa.array([b.partition] * n, pa.int32()),
-                offsets.take(idx), rb.column(2).take(idx), expires.take(idx),
-            ], schema=LATEST_ARROW)
