@@ -48,10 +48,13 @@ from kvlog.storage import open_storage
 from kvlog.storage.base import BytesLike
 
 __all__ = ["Round", "task_bytes", "group_batches", "KeysTask", "removed_bitmaps", "RewriteTask", "job_files",
-           "NARROW_SCHEMA", "BITMAP_SCHEMA", "REWRITE_SCHEMA", "SHUFFLE_TASK_ROWS", "union_bitmaps"]
+           "NARROW_SCHEMA", "BITMAP_SCHEMA", "REWRITE_SCHEMA", "SHUFFLE_TASK_ROWS", "union_bitmaps",
+           "stage_one", "REMOVED"]
 
 NARROW_SCHEMA = "partition int, key binary, offset bigint, dirty boolean"
-BITMAP_SCHEMA = "partition int, high bigint, bitmap binary"
+BITMAP_SCHEMA = "kind int, partition int, high bigint, bitmap binary"
+#: The kind of stage 1's bitmaps: the offsets removed.
+REMOVED = 0
 REWRITE_SCHEMA = "result string"
 #: Bounds of a stage task's share of the inputs (stored bytes).
 MIN_TASK_BYTES = 4 * 2**20
@@ -156,8 +159,8 @@ class KeysTask:
             ], names=["partition", "key", "offset", "dirty"])
 
 
-def _bitmap_rows(partitions: np.ndarray, offsets: np.ndarray) -> Iterator[tuple[int, int, bytes]]:
-    """(partition, offset >> 32, roaring bitmap of the low 32 bits) of the removed offsets."""
+def _bitmap_rows(kind: int, partitions: np.ndarray, offsets: np.ndarray) -> Iterator[tuple[int, int, int, bytes]]:
+    """(kind, partition, offset >> 32, roaring bitmap of the low 32 bits) of ``offsets``."""
     order = np.lexsort((offsets, partitions))
     partitions, offsets = partitions[order], offsets[order]
     highs = offsets >> 32
@@ -166,35 +169,47 @@ def _bitmap_rows(partitions: np.ndarray, offsets: np.ndarray) -> Iterator[tuple[
         if hi > lo:
             bitmap = bitmap_of(offsets[lo:hi] & _LOW)
             bitmap.run_optimize()
-            yield int(partitions[lo]), int(highs[lo]), bitmap.serialize()
+            yield kind, int(partitions[lo]), int(highs[lo]), bitmap.serialize()
 
 
 def removed_bitmaps(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Stage 1's shuffle side, on the rows of whole (partition, key) groups: every record older
     than its key's latest dirty record is removed; the removed offsets as bitmaps."""
-    table = pa.Table.from_batches(list(batches), schema=pa.schema([
-        ("partition", pa.int32()), ("key", pa.binary()), ("offset", pa.int64()), ("dirty", pa.bool_())]))
-    if table.num_rows == 0:
+    received = [rb for rb in batches if rb.num_rows]
+    if not received:
         return
+    table = pa.Table.from_batches(received)
     dirty = pc.if_else(table.column("dirty"), table.column("offset"), pa.scalar(None, pa.int64()))
     narrow = table.select(["partition", "key", "offset"]).append_column("dirty_offset", dirty)
     latest = narrow.group_by(["partition", "key"], use_threads=False).aggregate([("dirty_offset", "max")])
     joined = narrow.select(["partition", "key", "offset"]).join(latest, ["partition", "key"], use_threads=False)
     removed = joined.filter(pc.less(joined.column("offset"), joined.column("dirty_offset_max")))
     del table, narrow, joined
-    rows = list(_bitmap_rows(removed.column("partition").to_numpy(), removed.column("offset").to_numpy()))
+    yield from _bitmap_batches(list(_bitmap_rows(REMOVED, removed.column("partition").to_numpy(),
+                                                 removed.column("offset").to_numpy())))
+
+
+def _bitmap_batches(rows: list[tuple[int, int, int, bytes]]) -> Iterator[pa.RecordBatch]:
     if rows:
-        p, h, m = zip(*rows, strict=True)
-        yield pa.record_batch([pa.array(p, pa.int32()), pa.array(h, pa.int64()), pa.array(m, pa.binary())],
-                              names=["partition", "high", "bitmap"])
+        k, p, h, m = zip(*rows, strict=True)
+        yield pa.record_batch([pa.array(k, pa.int32()), pa.array(p, pa.int32()), pa.array(h, pa.int64()),
+                               pa.array(m, pa.binary())], names=["kind", "partition", "high", "bitmap"])
 
 
-def union_bitmaps(rows: Sequence[Any]) -> dict[tuple[int, int], bytes]:
-    """The collected bitmap rows merged per (partition, high), serialized for the broadcast."""
-    merged: dict[tuple[int, int], BitMap] = {}
+def stage_one(narrow: Any, rows: int, cores: int) -> dict[tuple[int, int, int], bytes]:
+    """The bitmaps of the removed offsets, from the narrow rows: shuffled by (partition, key)
+    into tasks of about :data:`SHUFFLE_TASK_ROWS` rows, each deduplicated by
+    :func:`removed_bitmaps`."""
+    shuffled = narrow.repartition(max(cores, -(-rows // SHUFFLE_TASK_ROWS)), "partition", "key")
+    return union_bitmaps(shuffled.mapInArrow(removed_bitmaps, BITMAP_SCHEMA).collect())
+
+
+def union_bitmaps(rows: Sequence[Any]) -> dict[tuple[int, int, int], bytes]:
+    """The collected bitmap rows merged per (kind, partition, high), serialized for the broadcast."""
+    merged: dict[tuple[int, int, int], BitMap] = {}
     for row in rows:
-        key = (int(row["partition"]), int(row["high"]))
-        bitmap = BitMap.deserialize(bytes(row["bitmap"]))
+        key = (int(row["kind"]), int(row["partition"]), int(row["high"]))
+        bitmap = BitMap.deserialize(bytes(row["bitmap"])) if row["bitmap"] else BitMap()
         if key in merged:
             merged[key] |= bitmap
         else:
@@ -202,18 +217,18 @@ def union_bitmaps(rows: Sequence[Any]) -> dict[tuple[int, int], bytes]:
     return {key: bitmap.serialize() for key, bitmap in merged.items()}
 
 
-class _Removed:
+class _Marks:
     """The broadcast bitmaps, deserialized on first use in a task."""
 
-    def __init__(self, serialized: Mapping[tuple[int, int], bytes]) -> None:
+    def __init__(self, serialized: Mapping[tuple[int, int, int], bytes]) -> None:
         self._serialized = serialized
-        self._maps: dict[tuple[int, int], BitMap] = {}
+        self._maps: dict[tuple[int, int, int], BitMap] = {}
 
-    def between(self, partition: int, first: int, last: int) -> np.ndarray:
-        """The removed offsets of ``partition`` in [first, last], ascending."""
+    def between(self, kind: int, partition: int, first: int, last: int) -> np.ndarray:
+        """The offsets of ``kind`` of ``partition`` in [first, last], ascending."""
         found = []
         for high in range(first >> 32, (last >> 32) + 1):
-            key = (partition, high)
+            key = (kind, partition, high)
             if key not in self._maps:
                 data = self._serialized.get(key)
                 self._maps[key] = BitMap.deserialize(data) if data is not None else BitMap()
@@ -242,7 +257,7 @@ class RewriteTask:
         self.expires = expires  # an input has the expires column: so do the outputs
         self.job_id = job_id
 
-    def survivors(self, b: LiveBatch, data: BytesLike, removed: _Removed) -> Kept:
+    def survivors(self, b: LiveBatch, data: BytesLike, marks: _Marks) -> Kept:
         """The survivors of batch ``b`` (its stored bytes ``data``)."""
         rb = decode_batch(b.path, data, b.location)
         offsets = _offsets(b)
@@ -252,9 +267,10 @@ class RewriteTask:
         end = int(np.searchsorted(offsets, spec.first_uncleanable))
         keep = np.ones(end, dtype=bool)
         if end:
-            gone = removed.between(b.partition, int(offsets[0]), int(offsets[end - 1]))
+            head = offsets[:end]
+            gone = marks.between(REMOVED, b.partition, int(head[0]), int(head[-1]))
             if len(gone):
-                keep[np.searchsorted(offsets[:end], gone)] = False
+                keep[np.searchsorted(head, gone)] = False
         return retain(b, rb, offsets, keep, self.config, self.now_ms)
 
     def __call__(self, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -262,7 +278,7 @@ class RewriteTask:
         if index is None:
             return
         batches = sorted(self.groups[index], key=lambda b: (b.partition, b.base))
-        removed = _Removed(self.removed.value)
+        marks = _Marks(self.removed.value)
         storage = open_storage(self.uri, self.storage_options)
         files: list[dict[str, Any]] = []
         counts = {"written": 0, "tombstones": 0, "expired": 0}
@@ -281,7 +297,7 @@ class RewriteTask:
             spans = _read_spans(storage, batches)
             output = OutputWriter(write_file, self.config, OUTPUT_FILE_BYTES, expires=self.expires)
             for b in batches:
-                kept = self.survivors(b, _slice(spans, b), removed)
+                kept = self.survivors(b, _slice(spans, b), marks)
                 counts["written"] += kept.written
                 counts["tombstones"] += kept.tombstones_removed
                 counts["expired"] += kept.expired_removed

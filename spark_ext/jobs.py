@@ -25,18 +25,15 @@ from kvlog.index.write import index_put
 from kvlog.log import open_log
 from kvlog.meta import LiveBatch, MetaTxn
 from spark_ext.compaction import (
-    BITMAP_SCHEMA,
     NARROW_SCHEMA,
     REWRITE_SCHEMA,
-    SHUFFLE_TASK_ROWS,
     KeysTask,
     RewriteTask,
     Round,
     group_batches,
     job_files,
-    removed_bitmaps,
+    stage_one,
     task_bytes,
-    union_bitmaps,
 )
 from spark_ext.options import driver_cache_dir
 
@@ -101,13 +98,11 @@ def _compact(spark: Any, the_log: Any, uri: str, storage_options: dict[str, Any]
     # Stage 1: the removed offsets, from the keys of the cleaned ranges.
     cleaned = [b for b in input_batches if b.partition in rounds and b.base < rounds[b.partition].first_uncleanable]
     key_groups = group_batches(plan.input_files, cleaned, task_bytes(sum(b.length for b in cleaned), cores))
-    removed: dict[tuple[int, int], bytes] = {}
+    removed: dict[tuple[int, int, int], bytes] = {}
     if key_groups:
-        rows = sum(b.count for b in cleaned)
         narrow = spark.range(len(key_groups), numPartitions=len(key_groups)).mapInArrow(
             KeysTask(uri, storage_options, key_groups, rounds), NARROW_SCHEMA)
-        shuffled = narrow.repartition(max(cores, -(-rows // SHUFFLE_TASK_ROWS)), "partition", "key")
-        removed = union_bitmaps(shuffled.mapInArrow(removed_bitmaps, BITMAP_SCHEMA).collect())
+        removed = stage_one(narrow, sum(b.count for b in cleaned), cores)
 
     # Stage 2: every input batch rewritten without them, in runs of the inputs' commit order.
     groups = group_batches(plan.input_files, input_batches, task_bytes(report.bytes_read, cores))

@@ -82,15 +82,16 @@ def test_a_commit_refused_after_the_outputs_are_written_leaves_nothing(
     try:
         model = kv.fill(store, ops=600, keys=80, seed=52)
         state: dict[str, Any] = {}
-        union = spark_ext.jobs.union_bitmaps
+        first_stage = spark_ext.jobs.stage_one
 
-        def racing(rows: Any) -> Any:
+        def racing(*args: Any) -> Any:
+            found = first_stage(*args)
             state["local"] = store.compact(force=True)
             state["files"] = kv.data_files_on_disk(path)
             state["rows"] = kv.log_rows(store)
-            return union(rows)
+            return found
 
-        monkeypatch.setattr(spark_ext.jobs, "union_bitmaps", racing)
+        monkeypatch.setattr(spark_ext.jobs, "stage_one", racing)
         report = spark_ext.compact(spark, str(path), force=True)
         assert state["local"].rounds == 1
         assert report.refused and report.rounds == 0 and report.duration_s > 0
