@@ -14,9 +14,11 @@ in offsets, and no sort or shuffle is needed). A task reads its byte range of ea
 once, and for each batch keeps the records the bitmap does not name, then applies the
 retention rule of :func:`kvlog.compaction.survivors.retain` (dead records past their batch's
 delete horizon go; dead records kept without one are stamped ``now + delete_retention_ms``),
-the function the local cleaner's pass 2 ends in: "the latest of its key" is the local map's
-lookup for the clean section and its bitmap for the dirty range, here the shuffle's answer
-for both, and the rest of the rule is the same code. Outputs are written through
+the function the local cleaner's pass 2 ends in. The local cleaner removes a clean-section
+record whose key the dirty range has (its offset map) and a dirty record that is not the
+latest of its key (its bitmap); a record older than its key's latest dirty record is exactly
+one of those two, so the shuffle's answer is the same set, and the rest of the rule is the
+same code. Outputs are written through
 :class:`kvlog.compaction.OutputWriter` with file ids derived from the job id, the task and a
 sequence number: a retried task writes the very same files, and the driver deletes any file
 of the job that its commit does not name.

@@ -102,6 +102,7 @@ def test_a_commit_refused_after_the_outputs_are_written_leaves_nothing(
         store.close()
 
 
+@pytest.mark.slow
 def test_expiries_and_tombstones_at_the_horizon_boundary_as_the_local_cleaner(
         spark: Any, kv: Any, tmp_path: Path) -> None:
     """Records expiring at T0 + 100 and a tombstone, compacted one millisecond before and at
@@ -128,6 +129,7 @@ def test_expiries_and_tombstones_at_the_horizon_boundary_as_the_local_cleaner(
         assert sorted(r.key for r in store.changes()) == [b"keep"]
 
 
+@pytest.mark.slow
 def test_a_partition_whose_records_all_go(spark: Any, kv: Any, tmp_path: Path) -> None:
     path, local = tmp_path / "spark", tmp_path / "local"
     with kv.open_store(path, clock=kvlog.ManualClock(T0)) as store:
