@@ -4,7 +4,8 @@
 capacity, no fingerprint collisions) with the local compactor's retention
 rules, writes output files from the executors, and commits one ``replace``
 that is refused if its inputs changed — so local and Spark compaction work on
-the same store and leave the same surviving offsets.
+the same store and leave the same surviving offsets. Each input is read twice:
+its keys in stage 1, its records in stage 2 (:mod:`spark_ext.compaction`).
 """
 
 from __future__ import annotations
@@ -12,25 +13,28 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
-from kvlog.compaction import CompactionReport, Compactor, OutputWriter
+from kvlog.compaction import CompactionReport, Compactor, Plan
 from kvlog.config import StoreConfig
 from kvlog.errors import KvlogError
-from kvlog.format.checksum import crc32c
-from kvlog.format.commit import BatchEntry, Commit, FileEntry, file_from_json, file_to_json
+from kvlog.format.commit import Commit, FileEntry, file_from_json
 from kvlog.format.datafile import EXPIRES_VERSION
 from kvlog.index import clear_index, index_put_many
 from kvlog.index.write import index_put
 from kvlog.log import open_log
-from kvlog.log.naming import data_file_name
-from kvlog.meta import MetaTxn
-from kvlog.storage import open_storage
-from kvlog.storage.base import BytesLike
+from kvlog.meta import LiveBatch, MetaTxn
+from spark_ext.compaction import (
+    NARROW_SCHEMA,
+    REWRITE_SCHEMA,
+    KeysTask,
+    RewriteTask,
+    Round,
+    group_batches,
+    job_files,
+    stage_one,
+    task_bytes,
+)
 from spark_ext.options import driver_cache_dir
 
 __all__ = ["register", "compact", "materialize", "rebuild_index"]
@@ -70,159 +74,97 @@ def _reader(spark: Any, uri: str, storage_options: dict[str, Any] | None, **opti
 
 def compact(spark: Any, uri: str, *, storage_options: dict[str, Any] | None = None, force: bool = False,
             now_ms: int | None = None, cache_dir: str | None = None, **settings: Any) -> CompactionReport:
-    """Exact compaction of the store at ``uri`` on Spark; one ``replace`` commit. See the module doc."""
-    from pyspark.sql import functions as F
-
+    """Exact compaction of the store at ``uri`` on Spark; one ``replace`` commit. See the module doc
+    and :mod:`spark_ext.compaction` for the two stages."""
     config = StoreConfig.from_settings(None, **settings)
     the_log = open_log(uri, create=False, storage_options=storage_options, cache_dir=driver_cache_dir(uri, cache_dir),
                        config=config, maintain_index=False)
     try:
-        the_log.refresh()
-        now = the_log.clock.now_ms() if now_ms is None else now_ms
-        planner = Compactor(the_log)
-        plan, batches = planner.plan(now, force=force)
+        began = the_log.clock.monotonic_s()
         report = CompactionReport(map_capacity=0)
-        if plan is None or plan.kind != "clean":
-            return report
-        inputs = set(plan.input_files)
-        clean = {p: (spec.first_dirty, spec.first_uncleanable) for p, spec in plan.clean.items()}
-        compression = the_log.config.compression
-        retention = the_log.config.delete_retention_ms
-        version = the_log.version
-        input_batches = [b for items in batches.values() for b in items if b.file_id in inputs]
-        log_df = _reader(spark, uri, storage_options, internal="true", cache_dir=cache_dir or "")
-        # Exact dedup over each cleaned partition's dirty range: the latest offset of every real key.
-        # Only the plan's inputs: the reader plans at the newest version, and records appended since
-        # (offsets past the inputs' last one) would make the outputs overlap their live batches.
-        bounds = {p: max(b.last for b in items) + 1 for p, items in batches.items() if items}
-        ranges = spark.createDataFrame(
-            [(p, *clean.get(p, (None, None)), end) for p, end in bounds.items()] or [(-1, 0, 0, 0)],
-            "partition int, first_dirty bigint, first_uncleanable bigint, input_end bigint")
-        records = log_df.join(F.broadcast(ranges), "partition").where(F.col("offset") < F.col("input_end"))
-        dirty = records.where((F.col("offset") >= F.col("first_dirty")) & (F.col("offset") < F.col("first_uncleanable")))
-        latest = dirty.groupBy("partition", "key").agg(F.max("offset").alias("latest"))
-        joined = records.join(latest, ["partition", "key"], "left")
-        cleaned = F.col("first_uncleanable").isNotNull() & (F.col("offset") < F.col("first_uncleanable"))
-        is_latest = F.col("latest").isNull() | (F.col("offset") >= F.col("latest"))
-        # Dead records: tombstones, and records expired at the job's time (the same rule as the
-        # local cleaner's, see kvlog.compaction.survivors).
-        lapsed = F.col("expires_ms").isNotNull() & (F.col("expires_ms") <= F.lit(now))
-        dead = F.col("is_tombstone") | lapsed
-        expired = dead & F.col("horizon").isNotNull() & (F.col("horizon") <= F.lit(now))
-        keep = (~cleaned) | (is_latest & ~expired)
-        new_horizon = F.when(cleaned & is_latest & dead & F.col("horizon").isNull(),
-                             F.lit(now + retention)).otherwise(F.col("horizon"))
-        survivors = (joined.where(keep)
-                     .select("partition", "offset", "timestamp", "key", "value", new_horizon.alias("horizon"),
-                             "expires_ms")
-                     .repartition(max(1, min(the_log.partitions, 64)), "partition")
-                     .sortWithinPartitions("partition", "offset"))
-        totals = joined.agg(F.count(F.lit(1)).alias("n"),
-                             F.sum(F.when(cleaned & F.col("is_tombstone") & ~keep, 1).otherwise(0)).alias("t"),
-                             F.sum(F.when(cleaned & lapsed & ~keep, 1).otherwise(0)).alias("e"))
-        counts = totals.collect()[0]
-        expires = any(b.schema == EXPIRES_VERSION for b in input_batches)
-        writer = _OutputTask(uri, storage_options, compression, plan.output_level, expires)
-        files_json = survivors.mapInArrow(writer, "file string").collect()
-        outputs = [file_from_json("spark output", json.loads(row["file"])) for row in files_json]
-        order_outputs = sorted(outputs, key=lambda f: min(b.partition for b in f.batches))
-        cleaner = {str(p): {"checkpoint": hi, "last_round_ms": now, "partial": False} for p, (_lo, hi) in clean.items()}
-        commit_id = uuid.uuid4().hex
-        outcome = the_log.commit(lambda v: Commit(v, commit_id, the_log.clock.now_ms(), "replace",
-                                                  add=tuple(order_outputs), remove=plan.input_files,
-                                                  info={"cleaner": cleaner, "job": "spark"}))
-        written = sum(sum(b.location.count for b in f.batches) for f in outputs)
-        report.kind = "spark"
-        report.files_in = len(plan.input_files)
-        report.partitions = sorted(clean)
-        if outcome.refusal is not None:
-            storage = the_log.storage
-            # Outputs an earlier attempt of this commit made live (its answer lost) stay.
-            live = set(the_log.snapshot(lambda r: [file_id for file_id, _entry in r.iter_files()]))
-            for f in outputs:
-                if f.file_id not in live:
-                    storage.delete(f.path)
-            report.refused = True
-            return report
-        report.rounds = 1
-        report.version = outcome.version
-        report.records_read = int(counts["n"])
-        report.records_written = written
-        report.records_removed = report.records_read - written
-        report.tombstones_removed = int(counts["t"] or 0)
-        report.expired_removed = int(counts["e"] or 0)
-        report.bytes_read = sum(b.length for b in input_batches)
-        report.bytes_written = sum(f.size for f in outputs)
-        report.files_out = len(outputs)
-        report.checkpoints = {p: hi for p, (_lo, hi) in clean.items()}
-        del version
+        try:
+            the_log.refresh()
+            now = the_log.clock.now_ms() if now_ms is None else now_ms
+            plan, batches = Compactor(the_log).plan(now, force=force)
+            if plan is not None and plan.kind == "clean":
+                _compact(spark, the_log, uri, storage_options, plan, batches, now, report)
+        finally:
+            report.duration_s = the_log.clock.monotonic_s() - began
         return report
     finally:
         the_log.close()
 
 
-class _OutputTask:
-    """Executor side of ``compact``: sorted survivors in, output data files out (one row per file)."""
+def _compact(spark: Any, the_log: Any, uri: str, storage_options: dict[str, Any] | None, plan: Plan,
+             batches: dict[int, list[LiveBatch]], now: int, report: CompactionReport) -> None:
+    """Run the two stages of ``plan`` and commit their outputs (fills ``report``)."""
+    inputs = set(plan.input_files)
+    # Only the plan's inputs: records appended since planning stay live as they are.
+    input_batches = [b for items in batches.values() for b in items if b.file_id in inputs]
+    rounds = {p: Round(spec.first_dirty, spec.first_uncleanable) for p, spec in plan.clean.items()}
+    cores = max(1, int(spark.sparkContext.defaultParallelism))
+    report.kind = "spark"
+    report.files_in = len(plan.input_files)
+    report.partitions = sorted(rounds)
+    report.records_read = sum(b.count for b in input_batches)
+    report.bytes_read = sum(b.length for b in input_batches)
+    job_id = uuid.uuid4().hex
 
-    def __init__(self, uri: str, storage_options: dict[str, Any] | None, compression: str, level: int,
-                 expires: bool) -> None:
-        self.uri = uri
-        self.storage_options = storage_options
-        self.compression = compression
-        self.level = level
-        self.expires = expires  # an input has the expires column: so do the outputs
+    # Stage 1: the removed offsets, from the keys of the cleaned ranges.
+    cleaned = [b for b in input_batches if b.partition in rounds and b.base < rounds[b.partition].first_uncleanable]
+    key_groups = group_batches(plan.input_files, cleaned, task_bytes(sum(b.length for b in cleaned), cores))
+    removed: dict[tuple[int, int, int], bytes] = {}
+    if key_groups:
+        narrow = spark.range(len(key_groups), numPartitions=len(key_groups)).mapInArrow(
+            KeysTask(uri, storage_options, key_groups, rounds), NARROW_SCHEMA)
+        removed = stage_one(narrow, sum(b.count for b in cleaned), cores)
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        storage = open_storage(self.uri, self.storage_options)
-        files: list[str] = []
-        level = self.level
+    # Stage 2: every input batch rewritten without them, in runs of the inputs' commit order.
+    groups = group_batches(plan.input_files, input_batches, task_bytes(report.bytes_read, cores))
+    expires = any(b.schema == EXPIRES_VERSION for b in input_batches)
+    broadcast = spark.sparkContext.broadcast(removed)
+    outcome = None
+    outputs: list[FileEntry] = []
+    try:
+        task = RewriteTask(uri, storage_options, groups, rounds, broadcast, the_log.config, now, plan.output_level,
+                           expires, job_id)
+        results = [json.loads(row["result"]) for row in spark.range(len(groups), numPartitions=max(1, len(groups)))
+                   .mapInArrow(task, REWRITE_SCHEMA).collect()]
+        results.sort(key=lambda r: r["task"])
+        outputs = [file_from_json("spark output", f) for r in results for f in r["files"]]
+        cleaner = {str(p): {"checkpoint": spec.first_uncleanable, "last_round_ms": now, "partial": False}
+                   for p, spec in rounds.items()}
+        commit_id = uuid.uuid4().hex
+        outcome = the_log.commit(lambda v: Commit(v, commit_id, the_log.clock.now_ms(), "replace",
+                                                  add=tuple(outputs), remove=plan.input_files,
+                                                  info={"cleaner": cleaner, "job": "spark"}))
+    finally:
+        broadcast.destroy()
+        # The job's files its commit does not make live (all of them when the commit is refused
+        # or never made, a failed attempt's extra ones otherwise) are deleted.
+        committed = set() if outcome is None or outcome.refusal is not None else {f.path for f in outputs}
+        _delete_uncommitted(the_log, plan.output_level, job_id, committed)
+    if outcome.refusal is not None:
+        report.refused = True
+        return
+    report.rounds = 1
+    report.version = outcome.version
+    report.records_written = sum(r["written"] for r in results)
+    report.records_removed = report.records_read - report.records_written
+    report.tombstones_removed = sum(r["tombstones"] for r in results)
+    report.expired_removed = sum(r["expired"] for r in results)
+    report.bytes_written = sum(f.size for f in outputs)
+    report.files_out = len(outputs)
+    report.checkpoints = {p: spec.first_uncleanable for p, spec in rounds.items()}
 
-        def write_file(data: BytesLike, entries: list[BatchEntry], spill: Path | None) -> FileEntry:
-            # The writer below builds files in memory: ``spill`` is always None.
-            file_id = uuid.uuid4().hex
-            path = data_file_name(level, file_id)
-            storage.put(path, data)
-            entry = FileEntry(file_id, path, level, len(data), crc32c(data), tuple(entries))
-            files.append(json.dumps(file_to_json(entry)))
-            return entry
 
-        try:
-            output = OutputWriter(write_file, StoreConfig(compression=self.compression), 64 * 2**20,
-                                  expires=self.expires)
-            for batch in batches:
-                cols = batch.to_pydict()
-                _feed(output, cols["partition"], cols["offset"], cols["timestamp"], cols["key"], cols["value"],
-                      cols["horizon"], cols["expires_ms"])
-            output.finish()
-        finally:
-            storage.close()
-        yield pa.record_batch([pa.array(files, pa.string())], names=["file"])
-
-
-_UNSET = object()
-
-
-def _feed(output: OutputWriter, partitions: list[int], offsets: list[int], stamps: list[int], keys: list[bytes],
-          values: list[bytes | None], horizons: list[int | None], expires: list[int | None]) -> None:
-    """Add sorted survivors in runs of one partition whose records that may be dead (tombstones,
-    records with an expiry) share one delete horizon."""
-    n = len(keys)
-    i = 0
-    while i < n:
-        partition = partitions[i]
-        run_horizon: object = _UNSET
-        j = i
-        while j < n and partitions[j] == partition:
-            if values[j] is None or expires[j] is not None:
-                if run_horizon is _UNSET:
-                    run_horizon = horizons[j]
-                elif horizons[j] != run_horizon:
-                    break
-            j += 1
-        horizon = None if run_horizon is _UNSET else run_horizon
-        output.add(partition, keys[i:j], values[i:j], stamps[i:j], offsets[i:j],
-                   horizon if isinstance(horizon, int) else None, expires[i:j])
-        i = j
+def _delete_uncommitted(the_log: Any, level: int, job_id: str, committed: set[str]) -> None:
+    # Outputs an earlier attempt of this commit made live (its answer lost) stay.
+    live = set(the_log.snapshot(lambda r: [entry.path for _file_id, entry in r.iter_files()]))
+    storage = the_log.storage
+    for name in job_files(storage, level, job_id):
+        if name not in committed and name not in live:
+            storage.delete(name)
 
 
 def materialize(spark: Any, uri: str, output_path: str, *, storage_options: dict[str, Any] | None = None,

@@ -36,7 +36,7 @@ LATEST = -1
 #: The options a batch read takes (as users spell them; Spark lower-cases them), besides
 #: every ``storage.*`` option.
 READ_OPTIONS: tuple[str, ...] = ("path", "uri", "view", "internal", "cache_dir", "now_ms", "checkpoint",
-                                 "startingOffsets", "endingOffsets")
+                                 "startingOffsets", "endingOffsets", "latest_split_bytes")
 
 #: Options of other systems that users reach for, and what kvlog offers instead.
 _HINTS = {
@@ -72,6 +72,9 @@ class ReadOptions:
     starting_offsets: OffsetSpec | None = None
     ending_offsets: OffsetSpec | None = None
     storage_options: tuple[tuple[str, Any], ...] = ()
+    #: View ``latest``: a kvlog partition of more stored bytes is read by several tasks
+    #: (None: :data:`spark_ext.latest.LATEST_SPLIT_BYTES`).
+    latest_split_bytes: int | None = None
 
     @property
     def storage(self) -> dict[str, Any] | None:
@@ -120,10 +123,16 @@ def parse_read_options(options: Mapping[str, Any], *, extra_known: Iterable[str]
             end = ending.offset(partition)
             if start >= 0 and end >= 0 and start > end:
                 raise ConfigError(f"partition {partition}: startingOffsets {start} is after endingOffsets {end}")
+    split: int | None = None
+    if lowered.get("latest_split_bytes"):
+        text = lowered["latest_split_bytes"]
+        split = int(text) if text.strip().isdigit() else 0
+        if split <= 0:
+            raise ConfigError(f"option latest_split_bytes must be a positive integer, got {text!r}")
     return ReadOptions(
         uri=store_uri(lowered), view=view, internal=internal, cache_dir=lowered.get("cache_dir") or None,
         now_ms=now_ms, checkpoint=checkpoint, starting_offsets=starting, ending_offsets=ending,
-        storage_options=tuple(sorted((storage_options_from(lowered) or {}).items())))
+        storage_options=tuple(sorted((storage_options_from(lowered) or {}).items())), latest_split_bytes=split)
 
 
 def parse_offsets(text: str, name: str) -> OffsetSpec:

@@ -6,7 +6,8 @@ read-only, lists the live batches, drops those the pushed filters and the
 offsets options rule out (:mod:`spark_ext.pushdown`), and hands each input partition the
 batches it reads (view ``log``: one input partition per data file, read with
 one GET; view ``latest``: one per kvlog partition, since a key's records all
-live in one partition). Executors read Arrow batches themselves and yield
+live in one partition, or several key-hash shares of a large one, see
+:mod:`spark_ext.latest`). Executors read Arrow batches themselves and yield
 ``pyarrow.RecordBatch`` of exactly the declared schema, without the rows the
 pushed key and offset filters rule out.
 """
@@ -26,10 +27,11 @@ from kvlog.format.datafile import decode_batch
 from kvlog.log import open_log
 from kvlog.meta import LiveBatch
 from kvlog.storage import Storage, open_storage
+from spark_ext.latest import LATEST_SPLIT_BYTES, LatestShare, latest_shares, read_latest
 from spark_ext.options import driver_cache_dir, storage_options_from, store_uri
 from spark_ext.pushdown import Pruning, Ranges
 from spark_ext.read_options import offset_ranges, parse_read_options
-from spark_ext.schemas import LATEST_ARROW, LOG_ARROW, LOG_INTERNAL_ARROW, expires_column
+from spark_ext.schemas import LOG_ARROW, LOG_INTERNAL_ARROW, expires_column
 
 __all__ = ["KvlogPartition", "KvlogReader", "live_batches", "read_batches"]
 
@@ -74,7 +76,7 @@ class KvlogPartition(InputPartition):
     """The batches one task reads (``value``), and the offsets to read of each partition
     when the read has ``startingOffsets``/``endingOffsets``."""
 
-    def __init__(self, value: list[LiveBatch], ranges: Ranges | None = None, whole_file: bool = True) -> None:
+    def __init__(self, value: list[LiveBatch] | LatestShare, ranges: Ranges | None = None, whole_file: bool = True) -> None:
         super().__init__(value)
         self.ranges = ranges
         #: Whether the task reads every live batch of its file (one GET), or some (a ranged GET each).
@@ -119,9 +121,13 @@ class KvlogReader(DataSourceReader):
         if self.view == "log":
             for items in groups.values():
                 items.sort(key=lambda b: b.position)
-        parts: list[InputPartition] = [
-            KvlogPartition(items, ranges, self.view != "log" or len(items) == per_file[items[0].path])
-            for _k, items in sorted(groups.items(), key=lambda kv: str(kv[0]))]
+        ordered = [items for _k, items in sorted(groups.items(), key=lambda kv: str(kv[0]))]
+        if self.view == "latest":
+            split = self.read_options.latest_split_bytes or LATEST_SPLIT_BYTES
+            return [KvlogPartition(share, ranges) for items in ordered for share in latest_shares(items, split)] or [
+                InputPartition(LatestShare(()))]
+        parts: list[InputPartition] = [KvlogPartition(items, ranges, len(items) == per_file[items[0].path])
+                                       for items in ordered]
         return parts or [InputPartition([])]
 
     def open_storage(self) -> Storage:
@@ -129,17 +135,15 @@ class KvlogReader(DataSourceReader):
         return open_storage(self.uri, self.storage_options)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        batches: list[LiveBatch] = partition.value
-        if not batches:
+        value = partition.value
+        if not (value.batches if isinstance(value, LatestShare) else value):
             return
         ranges: Ranges | None = getattr(partition, "ranges", None)
         pruning = self.pruning
         storage = self.open_storage()
         try:
-            if self.view == "log":
-                out = self._read_log(storage, batches, getattr(partition, "whole_file", True))
-            else:
-                out = self._read_latest(storage, batches)
+            out = (read_latest(storage, value, self.now_ms) if isinstance(value, LatestShare)
+                   else self._read_log(storage, value, getattr(partition, "whole_file", True)))
             if not pruning.filters_rows(ranges):
                 yield from out
                 return
@@ -162,33 +166,3 @@ class KvlogReader(DataSourceReader):
                 columns.append(pa.array([b.horizon_ms] * n, pa.int64()))
                 schema = LOG_INTERNAL_ARROW
             yield pa.record_batch(columns, schema=schema)
-
-    def _read_latest(self, storage: Any, batches: list[LiveBatch]) -> Iterator[pa.RecordBatch]:
-        """Newest first: the first record seen of each key is its latest; tombstones, and records
-        expired at the job's time, hide the key."""
-        seen: set[bytes] = set()
-        now_ms = self.now_ms
-        # One ranged read per batch, newest first and lazily: a task holds one batch at a time
-        # (and the keys seen), never its whole partition.
-        for b, rb in read_batches(storage, batches[::-1], whole_file=False):
-            keys = rb.column(0).to_pylist()
-            values = rb.column(1)
-            live = pc.is_valid(values).to_pylist()
-            expires = expires_column(rb)
-            when = expires.to_pylist() if expires.null_count < len(expires) else None
-            offsets = _offsets(b)
-            take = []
-            for i in range(len(keys) - 1, -1, -1):
-                if keys[i] in seen:
-                    continue
-                seen.add(keys[i])
-                if live[i] and (when is None or when[i] is None or now_ms < when[i]):
-                    take.append(i)
-            if not take:
-                continue
-            idx = pa.array(take, pa.int64())
-            n = len(take)
-            yield pa.record_batch([
-                rb.column(0).take(idx), values.take(idx), pa.array([b.partition] * n, pa.int32()),
-                offsets.take(idx), rb.column(2).take(idx), expires.take(idx),
-            ], schema=LATEST_ARROW)

@@ -28,7 +28,7 @@ from kvlog.meta import LiveBatch
 if TYPE_CHECKING:
     from kvlog.compaction.merger import _Round
 
-__all__ = ["Kept", "expired_rows", "select"]
+__all__ = ["Kept", "expired_rows", "retain", "select"]
 
 
 @dataclass
@@ -62,6 +62,24 @@ def select(batch: LiveBatch, record_batch: pa.RecordBatch, offsets: np.ndarray, 
         if len(alive):
             dense = int(offsets[-1]) - int(offsets[0]) + 1 == n
             keep[alive - int(offsets[0]) if dense else np.searchsorted(offsets[:cleaned_end], alive)] = True
+    return retain(batch, record_batch, offsets, keep, config, now_ms)
+
+
+def retain(batch: LiveBatch, record_batch: pa.RecordBatch, offsets: np.ndarray, keep: np.ndarray,
+           config: StoreConfig, now_ms: int) -> Kept:
+    """The survivors of one batch given which records of its cleaned range are the latest of
+    their key: ``keep`` covers the first ``len(keep)`` records (those below the round's end) and
+    is narrowed here, in place, by the delete-horizon rule; the records after them are kept as they are.
+
+    The one home of the retention rule: the local cleaner's pass 2 (:func:`select`) and Spark's
+    exact compaction (which finds the latest records through a shuffle on the real keys) both
+    end here.
+    """
+    n = len(offsets)
+    cleaned_end = len(keep)
+    horizon = batch.horizon_ms
+    if cleaned_end == 0:  # wholly beyond the round: kept as it is
+        return Kept([(record_batch, offsets, horizon)], n, n)
     new_horizon = horizon
     tombstones_removed = expired_removed = 0
     values = record_batch.column(1)
