@@ -39,11 +39,12 @@ from kvlog.log.naming import LOG_PREFIX, commit_name, parse_log_name
 from kvlog.log.replay import apply_commit, apply_stray
 from kvlog.log.waiting import CommitSignal
 from kvlog.meta import CommitOutcome, MetaTxn
+from kvlog.storage import Storage
 
 if TYPE_CHECKING:
     from kvlog.log.log import Log
 
-__all__ = ["Committer", "OwnBatches"]
+__all__ = ["Committer", "OwnBatches", "link_broken"]
 
 log = logging.getLogger("kvlog.log")
 
@@ -67,6 +68,9 @@ class Committer:
         #: Some appended data was compacted away before this cache indexed it: the key index is
         #: rebuilt once caught up.
         self.index_stale = False
+        #: ``(version, commit id)`` of a head whose link to the commit before it was checked
+        #: in storage after it landed: :meth:`verify_head` need not read that commit again.
+        self._linked: tuple[int, str] | None = None
 
     # -- applying ---------------------------------------------------------------------------------
     def apply_landed(self) -> int:
@@ -268,7 +272,30 @@ class Committer:
                 name, "differs from the commit this cache applied at that version (restored from an "
                 "older copy, or damaged); nothing was written: reopen the store to rebuild its cache",
             )
+        if self._linked != (applied[0], applied[1]):
+            self._verify_link(version)
+            self._linked = (applied[0], applied[1])
         return applied[1]
+
+    def _verify_link(self, version: int) -> None:
+        """Check that the commit this cache applied before its head ``version`` is still in
+        storage as applied (or was collected below a checkpoint that covers the head).
+
+        The head alone proves nothing when it landed after a restore removed the commit it
+        follows and its writer could not check that (a failed read, a crash before the check):
+        a cache of the lost history applies such a commit like any other, and writing on top of
+        it would acknowledge commits and checkpoints that name data files the restore removed.
+        """
+        before: tuple[int, str, int] | None = self._log.snapshot(lambda r: r.applied_before())
+        if before is None or before[0] != version - 1:
+            return
+        broken = link_broken(self._log.storage, version, before)
+        if broken is not None:
+            raise StorageBehindError(
+                commit_name(version - 1), f"{broken}, but this cache applied it before its newest "
+                f"commit {commit_name(version)} (the storage root was restored from an older copy while "
+                "that commit was on its way); nothing was written: reopen the store to rebuild its cache",
+            )
 
     def _verify_follows(self, commit: Commit, previous: int) -> None:
         """After ``commit`` landed: check that the commit it follows is still in storage, so it
@@ -288,6 +315,7 @@ class Committer:
         except FileNotFoundError:
             follows = self._collected_after(commit, own)
         if follows:
+            self._linked = (commit.version, commit.commit_id)
             return
         try:
             if decode_commit(own, storage.read(own)).commit_id == commit.commit_id:
@@ -343,6 +371,22 @@ class Committer:
         raise CommitStateUnknownError(
             f"could not learn whether {name} landed; reopen the store before resending"
         ) from last
+
+
+def link_broken(storage: Storage, version: int, before: tuple[int, str, int]) -> str | None:
+    """Why commit ``version - 1`` in ``storage`` is not ``before`` (the commit a cache applied
+    there, its id and CRC32C), or None when it is, or was collected below a checkpoint at
+    ``version`` or later (commit GC removes only commits a checkpoint sums up)."""
+    name = commit_name(version - 1)
+    try:
+        data = storage.read(name)
+    except FileNotFoundError:
+        if newest_checkpoint(storage) >= version:
+            return None
+        return "is missing from storage"
+    if crc32c(data) != before[2]:
+        return "differs from the commit this cache applied at that version"
+    return None
 
 
 def _pause(seconds: float) -> None:

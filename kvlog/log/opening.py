@@ -28,6 +28,7 @@ from kvlog.format.checksum import crc32c
 from kvlog.format.identity import IDENTITY_NAME, Identity, decode_identity, encode_identity
 from kvlog.index import check_cache_file
 from kvlog.log.checkpoints import load_checkpoint, newest_checkpoint
+from kvlog.log.committer import link_broken
 from kvlog.log.log import Log
 from kvlog.log.naming import commit_name
 from kvlog.log.pinned_open import open_pinned
@@ -234,11 +235,13 @@ def _load_checkpoint_if_behind(the_log: Log, newest: int) -> bool:
 
 
 def _cache_matches_storage(the_log: Log) -> bool:
-    """Whether the newest commit the cache applied is in storage as it was applied.
+    """Whether the newest commit the cache applied, and the one it applied before it, are in
+    storage as they were applied.
 
     A cache that fell behind commit GC is fine (it catches up from a checkpoint). One whose
     commit is missing with no newer checkpoint, or whose commit differs, belongs to a history
-    the storage root no longer holds.
+    the storage root no longer holds; so does one whose newest commit landed after a restore
+    removed the commit before it (its writer died, or could not read, before checking).
     """
     applied: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_commit())
     if applied is None:
@@ -249,5 +252,8 @@ def _cache_matches_storage(the_log: Log) -> bool:
         data = the_log.storage.read(name)
     except FileNotFoundError:
         return newest_checkpoint(the_log.storage) > version
-    return crc32c(data) == crc
+    if crc32c(data) != crc:
+        return False
+    before: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_before())
+    return before is None or before[0] != version - 1 or link_broken(the_log.storage, version, before) is None
 

@@ -259,3 +259,76 @@ def test_a_writer_behind_the_commit_retention_window_is_told_to_reopen_not_reloa
         again.put(b"next", b"y", sync=True)
         assert (again.get(b"held"), again.get(b"other2"), again.get(b"next")) == (b"value", b"x", b"y")
         assert again.check() == []
+
+
+# -- A follow check that could not be made is made before the next write ----------------------
+
+class RestoreOnCommitFailingFollowCheck(LocalStorage):
+    """Restores the root from ``backup`` just before the next commit is written; the next
+    ``failing_reads`` reads of a commit after it fail (a transient error: the writer cannot
+    learn whether the commit it follows is still there)."""
+
+    backup: Path | None = None
+    failing_reads = 0
+
+    def put_if_absent(self, name: str, data: BytesLike) -> None:
+        backup, self.backup = self.backup, None
+        if backup is not None and is_commit(name):
+            restore_root(self.root, backup)
+            super().put_if_absent(name, data)
+            self.landed = name
+            self.failing_reads = 1
+            return
+        super().put_if_absent(name, data)
+
+    def read(self, name: str) -> bytes:
+        if self.failing_reads and is_commit(name) and name != self.landed:
+            self.failing_reads -= 1
+            raise StorageError(f"cannot read {name}: service unavailable")
+        return super().read(name)
+
+    landed = ""
+
+
+def test_a_writer_that_could_not_check_its_commit_after_a_restore_never_writes_on_top_of_it(
+        tmp_path: Path) -> None:
+    """A commit that landed after a restore gap, whose writer could not read its predecessor
+    (a transient error) and so neither acknowledged nor took it back, is still in the cache:
+    the next commit, checkpoint or GC of that cache finds that the commit before it is gone and
+    refuses to write, so no commit and no checkpoint of the lost history follows it, and a fresh
+    opener reads the restored root with every acknowledged write."""
+    root = tmp_path / "root"
+    storage = RestoreOnCommitFailingFollowCheck(root, fsync=False)
+    store = kvlog.open(storage, cache_dir=tmp_path / "cache", checkpoint_interval=2, **QUIET)
+    acknowledged: list[bytes] = []
+    try:
+        write_past_a_backup(store, root, tmp_path / "backup")
+        storage.backup = tmp_path / "backup"
+        with pytest.raises(StorageError):
+            store.put(b"d", b"4", sync=True)  # landed after the gap; its check failed
+        for i in range(6):
+            key = f"e{i}".encode()
+            try:
+                store.put(key, b"5", sync=True)
+                acknowledged.append(key)
+            except StorageBehindError:
+                pass
+        assert acknowledged == [], "a write acknowledged on top of a commit that follows a gap"
+        with pytest.raises(StorageBehindError):
+            store.gc()
+    finally:
+        store.close(flush=False)
+    names = sorted(p.name for p in (root / "log").iterdir())
+    assert not any(n.endswith(".checkpoint.json") and int(n.split(".")[0]) > 3 for n in names), names
+    with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as reader:
+        assert reader.check() == []
+        assert reader.get(b"a") == b"1"
+        assert reader.get(b"d") is None
+    # The same cache, reopened, is rebuilt from the restored root and writes on from there.
+    with kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET) as again:
+        again.put(b"f", b"6", sync=True)
+        assert again.get(b"f") == b"6"
+        assert again.get(b"d") is None
+    with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh2") as reader:
+        assert reader.check() == []
+        assert reader.get(b"f") == b"6"
