@@ -26,6 +26,7 @@ from itertools import chain
 import lmdb
 import pyarrow as pa
 
+from kvlog.errors import KvlogError, StorageError
 from kvlog.index.entry import (
     IndexEntry,
     decode_entry,
@@ -92,11 +93,21 @@ class KeyIndex:
         #: Merge the runs when an apply leaves more than ``run_limit`` pending (:meth:`settle_due`).
         #: Off while opening, so that reopening after a crash never waits for a merge.
         self.settle_on_apply = True
+        #: Held while :meth:`rebuild` empties and refills the index: reads past the memtable
+        #: wait for it (:meth:`_await_rebuild`), never answering from a half-filled index.
+        self._rebuilding = threading.Lock()
+        #: False from the start of a rebuild until one completes: the index misses entries.
+        self._complete = True
+        #: Why the last rebuild stopped before completing (raised to readers), or None.
+        self._rebuild_failure: str | None = None
         self.reopened()
 
     def reopened(self) -> None:
         """Take the environment's handles afresh: at construction, and after the environment
-        was reopened (a damaged cache deleted and opened empty)."""
+        was reopened (a damaged cache deleted and opened empty, filled again by catching up:
+        complete, whatever a rebuild of the deleted one left)."""
+        self._complete = True
+        self._rebuild_failure = None
         env = self._env
         self._begin = env.env.begin
         self._index_db = env.dbs["index"]
@@ -127,6 +138,8 @@ class KeyIndex:
             return live_value(front, self.now_ms())  # a tombstone, or a value with a time to live
         if self._monotonic_s() >= fresh_until:
             return STALE
+        if not self._complete:
+            self._await_rebuild()
         if len(key) > DIRECT_KEY_BYTES:
             return self._read_entry(key)
         # The common case in one frame: a short key (its own LMDB key), in a read transaction of
@@ -168,6 +181,19 @@ class KeyIndex:
         if not raw:
             return self._read_entry(key)
         return self._decoded(key, raw)
+
+    def _await_complete(self) -> None:
+        """Before answering from the index: :meth:`_await_rebuild` unless it is complete."""
+        if not self._complete:
+            self._await_rebuild()
+
+    def _await_rebuild(self) -> None:
+        """Wait for a rebuild under way; raise ``StorageError`` if the index stays incomplete
+        (its last rebuild failed): a key missing from it must not read as absent."""
+        with self._rebuilding:
+            if not self._complete:
+                raise StorageError(f"{self._env.name}: the key index is incomplete, its rebuild failed "
+                                   f"({self._rebuild_failure}); the next refresh rebuilds it again")
 
     def _read_entry(self, key: bytes) -> bytes | IndexEntry | None:
         """:meth:`lookup` past the memtable, in a read transaction of its own (any key)."""
@@ -229,6 +255,7 @@ class KeyIndex:
         """``(key, value)`` pairs in key order (or reverse), ``start <= key < stop`` with
         ``prefix``, over one snapshot: the memtable's writes over the index's entries,
         deletions left out. ``resolve`` reads a value that is not inline (in the snapshot)."""
+        self._await_complete()
         with self._apply_lock:
             front = self.memtable.items_in_range(start, stop, prefix)
             reader = self.reader()
@@ -240,6 +267,7 @@ class KeyIndex:
         none, all from one snapshot: the memtable's writes, then the pending runs, then the
         B-tree, in one read transaction; ``resolve`` reads the values that are not inline, in
         that transaction (see :mod:`kvlog.index.many`)."""
+        self._await_complete()
         with self._apply_lock:
             front = self.memtable.pick(keys)
             reader = self.reader()
@@ -251,6 +279,7 @@ class KeyIndex:
     def view(self) -> IndexView:
         """A read view held open until closed: this snapshot of the index, and a copy of the
         memtable taken with it (see :mod:`kvlog.index.view`)."""
+        self._await_complete()
         with self._apply_lock:
             memtable = self.memtable.copy()
             reader = self.reader()
@@ -262,6 +291,7 @@ class KeyIndex:
 
     def count(self) -> int:
         """Live keys: the index's, with the memtable's writes applied."""
+        self._await_complete()
         with self._apply_lock:
             front = self.memtable.items_in_range(None, None, None)
             reader = self.reader()
@@ -315,18 +345,33 @@ class KeyIndex:
     def rebuild(self, chunks: Iterable[RebuildChunk], inline_limit: int) -> None:
         """Empty the index and mark it not ready (meta ``index_ready``), index every batch of
         ``chunks`` (one write transaction per chunk, in order: later batches win), then mark it
-        ready."""
+        ready.
+
+        The index is incomplete between the emptying and the end: reads past the memtable wait
+        meanwhile, and if the rebuild raises they raise ``StorageError`` until a rebuild
+        completes (:meth:`_await_rebuild`), rather than answer None for a key it misses."""
         def clear(txn: lmdb.Transaction) -> None:
             meta = MetaTxn(self._env, txn)
             clear_index(meta)
             meta.put_meta("index_ready", b"0")
 
-        self._env.write(clear)
-        for chunk in chunks:
-            def work(txn: lmdb.Transaction, chunk: RebuildChunk = chunk) -> None:
-                meta = MetaTxn(self._env, txn)
-                for partition, base, records, offsets in chunk:
-                    index_batch(meta, partition, base, records, inline_limit, offsets)
+        with self._rebuilding:
+            self._complete = False
+            try:
+                self._env.write(clear)
+                for chunk in chunks:
+                    def work(txn: lmdb.Transaction, chunk: RebuildChunk = chunk) -> None:
+                        meta = MetaTxn(self._env, txn)
+                        for partition, base, records, offsets in chunk:
+                            index_batch(meta, partition, base, records, inline_limit, offsets)
 
-            self._env.write(work)
-        self._env.write(lambda txn: MetaTxn(self._env, txn).put_meta("index_ready", b"1"))
+                    self._env.write(work)
+                self._env.write(lambda txn: MetaTxn(self._env, txn).put_meta("index_ready", b"1"))
+            except KvlogError as e:
+                self._rebuild_failure = f"{type(e).__name__}: {e}"
+                raise
+            except BaseException:
+                self._rebuild_failure = "interrupted"
+                raise
+            self._rebuild_failure = None
+            self._complete = True

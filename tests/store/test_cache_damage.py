@@ -24,10 +24,12 @@ from typing import Any
 import pytest
 
 import kvlog
-from kvlog.errors import CorruptDataError
+from kvlog.errors import CorruptDataError, KvlogError, StorageError
 from kvlog.index.entry import encode_index_value
 from kvlog.index.runs import RUN_ID, run_find
 from kvlog.meta.env import SEALED_DBS, seal
+from kvlog.storage import LocalStorage
+from kvlog.storage.faulty import FaultPlan, FaultyStorage, fail
 
 SETTINGS: dict[str, Any] = {
     "flush_interval_ms": 0, "flush_bytes": 1 << 30, "max_unflushed_bytes": 1 << 30,
@@ -406,3 +408,54 @@ def test_random_damage_never_gives_a_wrong_answer(templates: dict[str, tuple[Pat
         finally:
             again.close(flush=False)
         shutil.rmtree(path)
+
+
+def _reads_are_exact_or_refused(store: kvlog.Store, keys: list[bytes]) -> int:
+    """Read every key and scan: each answer exact, or a ``KvlogError``; how many refused."""
+    refused = 0
+    for key in keys:
+        try:
+            assert store.get(key) == _value(key), key
+        except KvlogError:
+            refused += 1
+    for call in (lambda: dict(store.scan()), lambda: store.get_many(keys), lambda: len(store)):
+        try:
+            result = call()
+        except KvlogError:
+            refused += 1
+            continue
+        if isinstance(result, dict):
+            assert result == {key: _value(key) for key in keys}
+        elif isinstance(result, list):
+            assert result == [_value(key) for key in keys]
+        else:
+            assert result == len(keys)
+    return refused
+
+
+@pytest.mark.parametrize("nth", [1, 70])
+def test_a_rebuild_failing_partway_never_answers_none_for_a_live_key(tmp_path: Path, opened: list[kvlog.Store],
+                                                                      nth: int) -> None:
+    """A rebuild of the key index whose read of a data file fails (on the first batch, or in
+    its second chunk of batches) leaves the open handle answering each key exactly or
+    refusing with a ``KvlogError``, never with None; the next refresh rebuilds it, exact."""
+    faulty = FaultyStorage(LocalStorage(tmp_path / "root", fsync=False))
+    store = kvlog.open(faulty, cache_dir=tmp_path / "cache", **SETTINGS)
+    opened.append(store)
+    keys = SMALL + BIG
+    _fill(store, keys, flushes=60)
+    batches = store.log.snapshot(lambda r: sum(1 for p in range(4) for _b in r.iter_batches(p, 0)))
+    assert batches > 70  # two chunks of batches to index
+    _all_exact(store, keys)
+    store.log.batch_cache.clear()  # the rebuild reads every batch from storage
+    faulty.set_plan(FaultPlan(fail("read_range", "data/*", nth=nth)))
+    store.log._committer.index_stale = True  # as after applying a commit whose data was compacted away
+    with pytest.raises(StorageError):
+        store.refresh()
+    assert faulty.injected
+    assert _reads_are_exact_or_refused(store, keys) > 0  # the index is incomplete: refused, not None
+    faulty.set_plan(None)
+    store.refresh()  # rebuilds the index again, the fault gone
+    assert store.log.snapshot(lambda r: r.get_meta("index_ready")) == b"1"
+    _all_exact(store, keys)
+    assert _reads_are_exact_or_refused(store, keys) == 0
