@@ -375,8 +375,9 @@ class Committer:
 
 def link_broken(storage: Storage, version: int, before: tuple[int, str, int]) -> str | None:
     """Why commit ``version - 1`` in ``storage`` is not ``before`` (the commit a cache applied
-    there, its id and CRC32C), or None when it is, or was collected below a checkpoint at
-    ``version`` or later (commit GC removes only commits a checkpoint sums up)."""
+    there, its id and CRC32C), or None when it is, was collected below a checkpoint at
+    ``version`` or later (commit GC removes only commits a checkpoint sums up), or is damaged
+    in place (no longer a readable commit, so not one a restore put back)."""
     name = commit_name(version - 1)
     try:
         data = storage.read(name)
@@ -384,9 +385,17 @@ def link_broken(storage: Storage, version: int, before: tuple[int, str, int]) ->
         if newest_checkpoint(storage) >= version:
             return None
         return "is missing from storage"
-    if crc32c(data) != before[2]:
-        return "differs from the commit this cache applied at that version"
-    return None
+    if crc32c(data) == before[2]:
+        return None
+    try:
+        found = decode_commit(name, data)
+    except CorruptDataError:
+        # Damaged in place, not replaced: a restore puts back whole commits. The cache applied it
+        # intact, and a reader replaying it from storage meets the damage by name.
+        return None
+    if found.commit_id == before[1]:
+        return None
+    return "differs from the commit this cache applied at that version"
 
 
 def _pause(seconds: float) -> None:
