@@ -166,7 +166,7 @@ class State:
             elif kind != "offsets":  # a group's committed offsets change no record
                 raise ValueError(f"unknown commit kind {kind!r}")
         except Refused:
-            pass
+            return  # a refused commit keeps its version and changes nothing else
 
     def _append(self, commit: dict[str, Any]) -> None:
         ends: dict[int, int] = {}

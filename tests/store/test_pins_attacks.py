@@ -86,6 +86,19 @@ def test_opening_a_checkpoint_whose_files_were_deleted_by_hand(local_root: Root)
         local_root.open(cache="fresh2", read_only=True, checkpoint="cp")
 
 
+def _delete_data_files_then_expect_a_refusal(local_root: Root, **open_kwargs: Any) -> None:
+    """Delete every data file by hand: opening checkpoint "cp" read-only, or reading it, refuses."""
+    for f in (Path(local_root.uri) / "data").rglob("*.arrow"):
+        f.unlink()
+    try:
+        old = local_root.open(read_only=True, checkpoint="cp", **open_kwargs)
+    except KvlogError:
+        return
+    with old:
+        with pytest.raises(KvlogError):
+            _read_all(old)
+
+
 def test_opening_a_checkpoint_whose_data_files_were_deleted_by_hand(local_root: Root) -> None:
     clock = ManualClock()
     with local_root.open(clock=clock, partitions=2, **FAST_GC) as store:
@@ -93,16 +106,7 @@ def test_opening_a_checkpoint_whose_data_files_were_deleted_by_hand(local_root: 
         store.checkpoint("cp")
         _write_rounds(store, range(3, 5))
         store.compact(force=True)
-    root = Path(local_root.uri)
-    for f in (root / "data").rglob("*.arrow"):
-        f.unlink()
-    try:
-        old = local_root.open(cache="fresh", read_only=True, checkpoint="cp")
-    except KvlogError:
-        return
-    with old:
-        with pytest.raises(KvlogError):
-            _read_all(old)
+    _delete_data_files_then_expect_a_refusal(local_root, cache="fresh")
 
 
 def test_a_cached_checkpoint_whose_data_files_were_deleted_by_hand(local_root: Root) -> None:
@@ -112,16 +116,7 @@ def test_a_cached_checkpoint_whose_data_files_were_deleted_by_hand(local_root: R
         store.checkpoint("cp")
         with local_root.open(read_only=True, checkpoint="cp") as old:
             assert len(old) == 30
-    root = Path(local_root.uri)
-    for f in (root / "data").rglob("*.arrow"):
-        f.unlink()
-    try:
-        old = local_root.open(read_only=True, checkpoint="cp")
-    except KvlogError:
-        return
-    with old:
-        with pytest.raises(KvlogError):
-            _read_all(old)
+    _delete_data_files_then_expect_a_refusal(local_root)
 
 
 def test_two_handles_create_one_name_at_once(tmp_path: Path) -> None:
