@@ -86,8 +86,10 @@ class ReadOptions:
         return self.starting_offsets is not None or self.ending_offsets is not None
 
 
-def check_known(options: Iterable[str], known: Iterable[str]) -> None:
-    """Refuse an option name outside ``known`` (case-insensitive) and ``storage.*``."""
+def check_known(options: Iterable[str], known: Iterable[str], subject: str = "of the kvlog data source") -> None:
+    """Refuse an option name outside ``known`` (case-insensitive) and ``storage.*``; the message
+    names the option ``subject`` refuses ("for the kvlog streaming sink"), the known ones, and
+    the closest match."""
     by_lower = {name.lower(): name for name in known}
     for name in options:
         lower = name.lower()
@@ -96,7 +98,7 @@ def check_known(options: Iterable[str], known: Iterable[str]) -> None:
         listed = ", ".join(sorted(by_lower.values(), key=str.lower)) + f", {STORAGE_PREFIX}*"
         close = difflib.get_close_matches(lower, list(by_lower), n=1, cutoff=0.7)
         hint = _HINTS.get(lower) or (f"did you mean {by_lower[close[0]]!r}?" if close else "")
-        raise ConfigError(f"unknown option {name!r} of the kvlog data source"
+        raise ConfigError(f"unknown option {name!r} {subject}"
                           f"{f' ({hint})' if hint else ''}; the known options are: {listed}")
 
 

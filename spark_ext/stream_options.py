@@ -16,8 +16,8 @@ from typing import Any
 import xxhash
 
 from kvlog.errors import ConfigError
-from spark_ext.options import STORAGE_PREFIX, storage_options_from, store_uri
-from spark_ext.read_options import OffsetSpec, parse_offsets
+from spark_ext.options import storage_options_from, store_uri
+from spark_ext.read_options import OffsetSpec, check_known, parse_offsets
 
 __all__ = ["STREAM_READ_OPTIONS", "StreamReadOptions", "StreamWriteOptions"]
 
@@ -28,21 +28,9 @@ STREAM_READ_OPTIONS = ("maxRecordsPerTrigger",)
 _WRITE_OPTIONS = ("path", "checkpointLocation", "queryName", "cache_dir")
 
 
-def _check_known(options: Mapping[str, str], known: tuple[str, ...], side: str) -> None:
-    allowed = {name.lower() for name in known}
-    unknown = sorted(k for k in options if k.lower() not in allowed and not k.lower().startswith(STORAGE_PREFIX))
-    if unknown:
-        raise ConfigError(
-            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(repr(k) for k in unknown)} for "
-            f"the kvlog streaming {side}; the known options are {', '.join(known)} and storage.* "
-            "(settings of the store's storage)")
-
-
-def _lookup(options: Mapping[str, str], name: str) -> str | None:
-    for key, value in options.items():
-        if key.lower() == name.lower():
-            return str(value)
-    return None
+def _lowered(options: Mapping[str, str]) -> dict[str, str]:
+    """The options by lower-case name (Spark's option names are case-insensitive)."""
+    return {str(k).lower(): str(v) for k, v in options.items()}
 
 
 @dataclass(frozen=True)
@@ -62,12 +50,13 @@ class StreamReadOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StreamReadOptions:
-        _check_known(options, _READ_OPTIONS, "source")
-        view = (_lookup(options, "view") or "log").lower()
+        check_known(options, _READ_OPTIONS, "for the kvlog streaming source")
+        lowered = _lowered(options)
+        view = lowered.get("view", "log").lower()
         if view != "log":
             raise ConfigError(f"view={view!r}: a kvlog stream reads the log view (every record in offset order)")
-        starting = parse_offsets(_lookup(options, "startingOffsets") or "earliest", "startingOffsets")
-        raw_max = _lookup(options, "maxRecordsPerTrigger")
+        starting = parse_offsets(lowered.get("startingoffsets") or "earliest", "startingOffsets")
+        raw_max = lowered.get("maxrecordspertrigger")
         max_records: int | None = None
         if raw_max is not None:
             try:
@@ -76,7 +65,7 @@ class StreamReadOptions:
                 max_records = 0
             if max_records < 1:
                 raise ConfigError(f"maxRecordsPerTrigger={raw_max!r}: use a whole number >= 1")
-        return cls(store_uri(options), storage_options_from(options), _lookup(options, "cache_dir") or None,
+        return cls(store_uri(options), storage_options_from(options), lowered.get("cache_dir") or None,
                    starting, max_records)
 
 
@@ -95,13 +84,14 @@ class StreamWriteOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StreamWriteOptions:
-        _check_known(options, _WRITE_OPTIONS, "sink")
-        checkpoint = _lookup(options, "checkpointLocation")
+        check_known(options, _WRITE_OPTIONS, "for the kvlog streaming sink")
+        lowered = _lowered(options)
+        checkpoint = lowered.get("checkpointlocation")
         if not checkpoint:
             raise ConfigError(
                 "the kvlog streaming sink needs .option('checkpointLocation', dir): the query's checkpoint "
                 "is its identity as an idempotent producer, which makes its writes exactly once")
-        return cls(store_uri(options), storage_options_from(options), _lookup(options, "cache_dir") or None,
+        return cls(store_uri(options), storage_options_from(options), lowered.get("cache_dir") or None,
                    normal_checkpoint(checkpoint))
 
     @property
