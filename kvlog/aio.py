@@ -304,6 +304,10 @@ class AsyncStore:
         """:meth:`kvlog.Store.gc`: delete replaced files and old commits past their delay."""
         return await self._call(self._store.gc)
 
+    async def disk_usage(self) -> dict[str, int]:
+        """:meth:`kvlog.Store.disk_usage`: bytes of the store and its cache by what holds them."""
+        return await self._call(self._store.disk_usage)
+
     # -- closing --------------------------------------------------------------------------------
     async def close(self, *, flush: bool = True) -> None:
         """Close (see the module's notes on cancellation); calling it again waits for the first

@@ -25,6 +25,7 @@ from kvlog.consumer import Consumer
 from kvlog.errors import InvalidRecordError, ReadOnlyError, StoreClosedError
 from kvlog.index import STALE, IndexEntry, IndexReader, RecordExpired
 from kvlog.log import Log, open_log, pins_named
+from kvlog.log.disk_usage import disk_usage
 from kvlog.log.flusher import Flusher
 from kvlog.log.pins_named import Checkpoint
 from kvlog.log.records import Record, check_ttl, to_key, to_value
@@ -385,6 +386,13 @@ class Store(StoreMapping):
         """Delete replaced and orphan data files past their delay, and old commits."""
         self._check_open()
         return self.log.gc()
+
+    def disk_usage(self) -> dict[str, int]:
+        """Bytes the store and its metadata cache take, split by what holds them: live data
+        files, replaced files awaiting deletion, unreferenced files, commits, the cache and its
+        pages (see :func:`kvlog.log.disk_usage.disk_usage`). Lists ``data/`` and ``log/``."""
+        self._check_open()
+        return disk_usage(self.log)
 
     # -- consumer groups and named checkpoints: kvlog.consumer, kvlog.log.pins_named -------------
     def consumer(self, group: str, partitions: Iterable[int] | None = None) -> Consumer:

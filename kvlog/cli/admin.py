@@ -26,10 +26,11 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     with open_store(args, create=False, read_only=True) as store:
         stats = store.stats()
         ratio = store.log.config.min_cleanable_dirty_ratio
+        disk = None if args.json else store.disk_usage()
     if args.json:
         print(json.dumps(stats, indent=2, sort_keys=True))
     else:
-        sys.stdout.write(render_stats(stats, SystemClock().now_ms(), min_dirty_ratio=ratio))
+        sys.stdout.write(render_stats(stats, SystemClock().now_ms(), min_dirty_ratio=ratio, disk=disk))
     return 0
 
 

@@ -70,11 +70,24 @@ def _compaction(compaction: Mapping[str, Any] | None, now_ms: int) -> list[str]:
     return lines
 
 
-def render_stats(stats: Mapping[str, Any], now_ms: int, *, min_dirty_ratio: float | None = None) -> str:
+def _disk(disk: Mapping[str, int]) -> list[str]:
+    """Two lines: the store's bytes on disk by what holds them, then the cache's by its pages."""
+    return [
+        f"disk         {mib(disk['total'])}: data files {mib(disk['data_files'])}, awaiting deletion "
+        f"{mib(disk['awaiting_deletion'])}, unreferenced {mib(disk['unreferenced'])}, "
+        f"log {mib(disk['log'])}, cache {mib(disk['cache'])}",
+        f"  cache pages: index {mib(disk['cache_index'])}, runs {mib(disk['cache_runs'])}, "
+        f"catalog {mib(disk['cache_catalog'])}, free {mib(disk['cache_free'])}",
+    ]
+
+
+def render_stats(stats: Mapping[str, Any], now_ms: int, *, min_dirty_ratio: float | None = None,
+                 disk: Mapping[str, int] | None = None) -> str:
     """The summary ``kvlog stats`` prints for ``stats`` (one :meth:`kvlog.Store.stats` result).
 
     ``min_dirty_ratio`` is the store's ``min_cleanable_dirty_ratio``: a partition past it is
-    marked ``cleanable``.
+    marked ``cleanable``. ``disk`` (a :meth:`kvlog.Store.disk_usage` result) adds the bytes on
+    disk by what holds them.
     """
     lines = [
         f"store        {stats['uri']} (uuid {stats['store_uuid']})",
@@ -85,6 +98,8 @@ def render_stats(stats: Mapping[str, Any], now_ms: int, *, min_dirty_ratio: floa
         f"cache        {stats['cache_dir']} ({mib(stats['cache_disk_bytes'])} on disk, "
         f"{stats['index_runs']} index run(s) pending)",
     ]
+    if disk is not None:
+        lines.extend(_disk(disk))
     if stats.get("producer_id") is not None:
         lines.append(f"producer     {stats['producer_id']} epoch {stats['producer_epoch']}, "
                      f"{stats['unflushed_bytes']} bytes unflushed")

@@ -481,6 +481,47 @@ class LmdbEnv:
         except OSError:
             return 0
 
+    def files_bytes(self) -> int:
+        """Bytes every file of the cache directory (the data file, LMDB's lock file, kvlog's
+        markers) takes on disk: allocated blocks, since the data file is sparse."""
+        total = 0
+        try:
+            entries = list(os.scandir(self.path))
+        except OSError:
+            return 0
+        for entry in entries:
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+            except OSError:
+                continue  # removed meanwhile
+        return total
+
+    def page_bytes(self) -> dict[str, int]:
+        """Bytes of the data file's pages up to the last one used, by what holds them: ``index``
+        (the key index's B-tree), ``runs`` (index runs pending), ``catalog`` (every other
+        table and LMDB's two meta pages) and ``free`` (every other page: freed by earlier
+        transactions and reused by later ones, still on disk, with LMDB's list of them). They
+        add up to the file's used extent (a writer committing meanwhile may shift a few pages
+        between ``free`` and the others)."""
+        try:
+            psize = int(self.env.stat()["psize"])
+            with self.env.begin() as txn:
+                last = int(self.env.info()["last_pgno"])
+                held: dict[str, int] = {}
+                for name, db in self.dbs.items():
+                    s = txn.stat(db)
+                    held[name] = int(s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"])
+                main = txn.stat()
+        except lmdb.Error as e:
+            raise self.failure(e) from e
+        pages = last + 1
+        index, runs = held.pop("index"), held.pop("runs")
+        # The unnamed main table (the names of the others) and the two meta pages.
+        catalog = sum(held.values()) + int(main["branch_pages"] + main["leaf_pages"] + main["overflow_pages"]) + 2
+        free = max(0, pages - index - runs - catalog)
+        return {"index": index * psize, "runs": runs * psize, "catalog": catalog * psize, "free": free * psize}
+
 
 def acquire_env(path: str | os.PathLike[str], walk: FileWalker, map_size: int = 1 << 30) -> LmdbEnv:
     """The process's shared environment at ``path``, opened on first use (``walk`` checks the
