@@ -36,6 +36,8 @@ setup(
                   depends=["kvlog/_key_order.h", "kvlog/_crc32c.h"], extra_compile_args=COMPILE),
         Extension("kvlog.index._runs", sources=["kvlog/index/_runs.c"],
                   depends=INDEX_HEADERS, extra_compile_args=COMPILE),
+        Extension("kvlog.index._merge", sources=["kvlog/index/_merge.c"],
+                  depends=INDEX_HEADERS, extra_compile_args=COMPILE),
         Extension("kvlog.index._cache_check", sources=["kvlog/index/_cache_check.c"],
                   depends=INDEX_HEADERS, extra_compile_args=COMPILE),
     ],

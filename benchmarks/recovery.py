@@ -14,6 +14,10 @@ and the parent sends it SIGKILL at a chosen point:
 ``pending_runs``
     right after the commit that leaves ``index_run_limit`` runs pending (the most a store
     holds at rest: one more commit merges them);
+``cache_lost``
+    as ``pending_runs``, then the cache is left as a machine crash leaves it (its marker names
+    another boot), so the opener deletes it and loads the newest checkpoint from storage: the
+    key index is rebuilt from the live data before the first get;
 ``mid_flush``
     in the middle of the flush after that one, whose commit would leave one run more than the
     limit and so merges them all; the kill comes after half, one and two typical flush times
@@ -55,7 +59,10 @@ __all__ = ["STATES", "ANCHORS", "COMMITS_BEYOND_LIMIT", "Plan", "min_commits", "
            "rocksdict_missing", "measure_recovery"]
 
 #: The kill points, in the order they are measured within each repeat.
-STATES = ("closed", "settled", "pending_runs", "mid_flush")
+STATES = ("closed", "settled", "pending_runs", "cache_lost", "mid_flush")
+#: The marker file of a cache written by processes of one boot (``kvlog.meta.env``): another
+#: boot's id in it makes the next opener delete the cache, as after a machine crash.
+CACHE_MARKER = Path("cache") / "kvlog-unsynced"
 #: The anchors, in the order they are measured after each kvlog sample.
 ANCHORS = ("lmdb", "rocksdict")
 #: A load makes at least ``index_run_limit`` + this many commits (40 by default), so that at
@@ -268,6 +275,8 @@ def kvlog_sample(plan: Plan, work: Path, state: str, repeat: int, key_index: int
             else:
                 facts = writer.read_until("ready", commits)
                 writer.kill()
+        if state == "cache_lost":
+            (path / CACHE_MARKER).write_text("a boot before a machine crash\n")
         facts.pop("event", None)
         runs_at_kill = facts.pop("index_runs", None)
         sample = _reopen("kvlog", path, plan, key_index, work,

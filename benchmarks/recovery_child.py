@@ -13,8 +13,8 @@ Roles (the first argument), each printing one JSON object per line on stdout:
     (``flush_interval_ms=0``, so no quiet spell merges the index runs behind the parent's back).
     After commit ``K - index_run_limit`` of ``K`` it merges the index runs (what a quiet writer
     does), so the last ``index_run_limit`` commits' runs are pending at the end. Then, by
-    ``--state``: ``closed``: ``close()``; ``settled``: ``log.settle_index()``; ``pending_runs``:
-    nothing; ``mid_flush``: puts ``--commit-records`` more records (indices ``keys ..``) and
+    ``--state``: ``closed``: ``close()``; ``settled``: ``log.settle_index()``; ``pending_runs``
+    and ``cache_lost``: nothing; ``mid_flush``: puts ``--commit-records`` more records (indices ``keys ..``) and
     flushes them, a flush whose commit leaves one run more than the limit and so merges them
     all. It prints ``{"event": "ready"}`` (for ``mid_flush``: ``"flushing"`` as that flush
     starts and ``"flushed"`` when it returns) and waits to be killed.
@@ -121,7 +121,7 @@ def write_kvlog(args: argparse.Namespace) -> None:
         log.settle_index()
         emit(event="ready", settle_s=time.perf_counter() - t0,
              index_runs=index_runs_pending(log), **facts)
-    elif state == "pending_runs":
+    elif state in ("pending_runs", "cache_lost"):
         emit(event="ready", index_runs=index_runs_pending(log), **facts)
     elif state == "mid_flush":
         keys = make_keys(args.keys, args.commit_records, args.seed)

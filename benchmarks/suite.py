@@ -1107,6 +1107,11 @@ def _recovery_state_text(state: str, limit: int, commit_records: int, keys: int)
         return (f"reopen + first get after kill -9: {limit} index runs pending",
                 f"Killed right after the load's last commit, which leaves {limit} runs pending "
                 f"(index_run_limit: the next commit merges them).")
+    if state == "cache_lost":
+        return ("reopen + first get after kill -9: the cache lost",
+                f"Killed as with {limit} runs pending, then the cache is left as a machine crash "
+                f"leaves it (its marker names another boot): the opener deletes it, loads the newest "
+                f"checkpoint (or replays every commit when there is none) and rebuilds the key index.")
     fractions = ", ".join(f"{f:g}" for f in MID_FLUSH_KILL_FRACTIONS)
     return ("reopen + first get after kill -9: in the middle of a flush",
             f"After the load ({limit} runs pending) the writer puts {commit_records:,} more records "

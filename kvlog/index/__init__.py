@@ -13,6 +13,7 @@ runs to the LMDB B-tree. :class:`KeyIndex` is its interface; the modules hold on
 ``view``      a read view held open: one snapshot and a copy of the memtable
 ``expiries``  the rows of expiring entries, by which ``len`` skips the expired
 ``write``     writes within the log's own write transaction, and settling
+``merge``     settling: the pending runs merged into the B-tree in key order
 ``index``     :class:`KeyIndex`
 """
 

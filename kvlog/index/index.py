@@ -344,8 +344,8 @@ class KeyIndex:
 
     def rebuild(self, chunks: Iterable[RebuildChunk], inline_limit: int) -> None:
         """Empty the index and mark it not ready (meta ``index_ready``), index every batch of
-        ``chunks`` (one write transaction per chunk, in order: later batches win), then mark it
-        ready.
+        ``chunks`` as an index run (one write transaction per chunk, in order: later batches
+        win), merge the runs into the empty B-tree (appended in key order), then mark it ready.
 
         The index is incomplete between the emptying and the end: reads past the memtable wait
         meanwhile, and if the rebuild raises they raise ``StorageError`` until a rebuild
@@ -363,9 +363,11 @@ class KeyIndex:
                     def work(txn: lmdb.Transaction, chunk: RebuildChunk = chunk) -> None:
                         meta = MetaTxn(self._env, txn)
                         for partition, base, records, offsets in chunk:
-                            index_batch(meta, partition, base, records, inline_limit, offsets)
+                            # One sorted run per batch; merged into the empty B-tree at the end.
+                            index_batch(meta, partition, base, records, inline_limit, offsets, run_limit=1)
 
                     self._env.write(work)
+                self._env.write(lambda txn: settle_runs(MetaTxn(self._env, txn)))
                 self._env.write(lambda txn: MetaTxn(self._env, txn).put_meta("index_ready", b"1"))
             except KvlogError as e:
                 self._rebuild_failure = f"{type(e).__name__}: {e}"

@@ -2,7 +2,7 @@
 
 A commit's index entries are written in the commit's own LMDB transaction, so applying a commit
 stays atomic with its catalog changes: as one index run (:func:`add_run`), or straight into the
-B-tree. Settling (:func:`settle_runs`) merges the pending runs into the B-tree, oldest first. A
+B-tree. Settling (:func:`settle_runs`) merges the pending runs into the B-tree, in key order. A
 write straight into the B-tree first settles the runs, which would otherwise win over it.
 """
 
@@ -15,7 +15,8 @@ from kvlog.format.columns import binary_ends, index_pairs, int64_column, latest_
 from kvlog.index.entry import decode_entry, encode_index_value
 from kvlog.index.expiries import add_rows, drop_expired, prune_rows
 from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key
-from kvlog.index.runs import RUN_ID, build_run, run_entries
+from kvlog.index.merge import write_merged
+from kvlog.index.runs import RUN_ID, build_run
 from kvlog.index.snapshot import runs_pending
 from kvlog.meta.cache import MetaTxn
 from kvlog.meta.env import CacheDamage
@@ -38,35 +39,15 @@ def add_run(meta: MetaTxn, run: bytes) -> None:
 
 
 def settle_runs(meta: MetaTxn, now_ms: int | None = None) -> int:
-    """Merge the pending index runs into the index, oldest first; return how many. With
-    ``now_ms``, the entries expired at that time are deleted too (:func:`drop_expired`)."""
+    """Merge the pending index runs into the index in key order (:mod:`kvlog.index.merge`);
+    return how many. With ``now_ms``, the entries expired at that time are deleted too
+    (:func:`drop_expired`)."""
     db = meta.env.dbs["runs"]
-    index_db = meta.env.dbs["index"]
-    txn = meta.txn
-    with txn.cursor(db=db) as cur:
+    with meta.txn.cursor(db=db) as cur:
         numbers = [bytes(number) for number in cur.iternext(values=False)]
-    for number in numbers:
-        run = txn.get(number, db=db)  # a copy (this transaction makes bytes): one at a time
-        assert run is not None
-        lower: bytes | None = None
-        while True:
-            try:
-                chunk = run_entries(run, lower, None, _PUT_CHUNK)  # every entry checked
-            except ValueError:
-                raise CacheDamage("an index run is damaged", index_only=True) from None
-            puts = [pair for pair in chunk if pair[1]]
-            if len(puts) != len(chunk):
-                for key, value in chunk:
-                    if not value:
-                        txn.delete(key, db=index_db)
-            if puts:
-                with txn.cursor(db=index_db) as cur:
-                    cur.putmulti(puts)
-            if len(chunk) < _PUT_CHUNK:
-                break
-            lower = chunk[-1][0] + b"\x00"
     if numbers:
-        txn.drop(db, delete=False)
+        write_merged(meta, numbers)
+        meta.txn.drop(db, delete=False)
         if now_ms is not None:
             drop_expired(meta, now_ms, lambda lmdb_key: _current_expiry(meta, lmdb_key))
         prune_rows(meta, lambda lmdb_key: _current_expiry(meta, lmdb_key))

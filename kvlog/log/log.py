@@ -40,7 +40,13 @@ from kvlog.log.append import PendingBatch
 from kvlog.log.committer import Committer, OwnBatches
 from kvlog.log.pins import registry_for
 from kvlog.log.producer_handle import Producer, claim_store_producer_id
-from kvlog.log.reader import BatchCache, records_of_batch, value_in_batch, values_in_batches
+from kvlog.log.reader import (
+    BatchCache,
+    batch_offsets,
+    records_of_batch,
+    value_in_batch,
+    values_in_batches,
+)
 from kvlog.log.records import AppendResult, Record, partition_for_key
 from kvlog.log.replay import ApplySettings
 from kvlog.meta import CommitOutcome, LiveBatch, LmdbEnv, MetaReader, release_env
@@ -312,8 +318,7 @@ class Log:
             with progress("rebuilding the key index", len(batches)) as bar:
                 for start in range(0, len(batches), 64):
                     chunk = [(b, self.batch_cache.get(b)) for b in batches[start:start + 64]]
-                    yield [(batch.partition, batch.base, records,
-                            [r.offset for r in records_of_batch(batch, batch.partition, records)])
+                    yield [(batch.partition, batch.base, records, batch_offsets(batch, records))
                            for batch, records in chunk]
                     bar.advance(len(chunk))
 

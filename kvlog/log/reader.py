@@ -19,7 +19,7 @@ from kvlog.meta import LmdbEnv, MetaReader
 from kvlog.meta.records import LiveBatch
 from kvlog.storage.base import Storage
 
-__all__ = ["BatchCache", "records_of_batch", "value_in_batch", "values_in_batches"]
+__all__ = ["BatchCache", "batch_offsets", "records_of_batch", "value_in_batch", "values_in_batches"]
 
 
 class BatchCache:
@@ -104,6 +104,19 @@ def records_of_batch(
                      None if expires is None else expires[i])
 
 
+
+
+def batch_offsets(batch: LiveBatch, record_batch: pa.RecordBatch) -> list[int]:
+    """The offsets of a live batch's records, in order (:func:`records_of_batch`'s, without
+    making the records)."""
+    n = record_batch.num_rows
+    if batch.present is None:
+        return list(range(batch.base, batch.base + n))
+    bitmap = decode_offsets(batch.path, batch.present)
+    if len(bitmap) != n:
+        raise CorruptDataError(batch.path, "offset bitmap and batch disagree on the record count")
+    base = batch.base
+    return [base + rel for rel in bitmap]
 
 
 def value_in_batch(env: LmdbEnv, key: bytes, entry: IndexEntry, batch: LiveBatch,

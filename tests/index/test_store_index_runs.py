@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import kvlog
-from kvlog.index import write as index_write
+from kvlog.index import merge as index_merge
 from kvlog.index.keys import DIRECT_KEY_BYTES
 from kvlog.index.write import settle_runs
 from kvlog.meta.cache import MetaTxn
@@ -193,19 +193,21 @@ def test_a_failed_settle_changes_nothing(tmp_path: Path, monkeypatch: pytest.Mon
             model[b"k2-%02d" % i] = b"%d" % flush
             store.put(b"k2-%02d" % i, model[b"k2-%02d" % i])
         store.flush()
-    real = index_write.run_entries
+    real = index_merge.merge_runs
     calls = {"n": 0}
 
     def failing(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
-        if calls["n"] == 2:
+        if calls["n"] == 2:  # the first chunk is written to the B-tree by then
             raise OSError("injected")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(index_write, "run_entries", failing)
+    monkeypatch.setattr(index_merge, "MERGE_CHUNK", 5)
+    monkeypatch.setattr(index_merge, "merge_runs", failing)
     with pytest.raises(OSError):
         store.log.env.write(lambda txn: settle_runs(MetaTxn(store.log.env, txn)))
-    monkeypatch.setattr(index_write, "run_entries", real)
+    assert calls["n"] == 2
+    monkeypatch.setattr(index_merge, "merge_runs", real)
     assert runs_pending(store) == 3 and btree_entries(store) == 0
     assert_reads(store, model)
     assert store.log.settle_index() == 3
