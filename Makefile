@@ -18,7 +18,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-$(STAMP): setup.cfg setup.py pyproject.toml MANIFEST.in kvlog/compaction/_kernels.c kvlog/format/_columns.c kvlog/log/_writebuffer.c kvlog/index/_runs.c kvlog/index/_cache_check.c kvlog/index/_index_entry.h kvlog/_key_order.h kvlog/_crc32c.h | $(PY)
+$(STAMP): setup.cfg setup.py pyproject.toml MANIFEST.in $(wildcard kvlog/*.h kvlog/*/*.c kvlog/*/*.h) | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	@touch $(STAMP)
 
