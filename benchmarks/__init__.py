@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 # The suite (numpy, lmdb, kvlog) is imported only when a benchmark runs: the child processes
 # import ``benchmarks.*`` modules, and some of them time kvlog's own import.
-__all__ = ["run", "main", "main_from_args", "add_arguments", "DEFAULT_OUT"]
+__all__ = ["run", "main", "main_from_args", "add_arguments", "render_peer_table", "DEFAULT_OUT"]
 
 DEFAULT_OUT = "benchmarks/results/latest.json"
 
@@ -58,7 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run only the steps whose id starts with this (repeatable): log, "
                              "log.append, log.durable_local, log.s3, store, store.puts, store.gets, "
                              "store.scan, store.get_many, store.durable_threads, store.memory, store.recovery, "
-                             "store.aio, consumer, consumer.poll, consumer.latency, compaction, spark")
+                             "store.aio, consumer, consumer.poll, consumer.latency, compaction, spark, "
+                             "peers, peers.load, peers.gets, peers.scan, peers.short_scans, peers.ycsb, "
+                             "peers.durable_threads, peers.reopen, peers.space")
     parser.add_argument("--work-dir", help="where the temporary stores go (default: the system temp)")
     parser.add_argument("--records", type=int, help="override the number of records")
     parser.add_argument("--recovery-keys", type=int,
@@ -99,7 +101,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         overrides["store_settings"] = json.loads(args.settings)
     settings = settings_for("quick" if args.quick else "full", **overrides)
     only = args.only or []
-    extra = ("compaction", "spark")
+    extra = ("compaction", "spark", "peers")
     failed = False
     if not only or any(not o.startswith(extra) for o in only):
         document = run(settings, args.out, plots=not args.no_plot, work_dir=args.work_dir,
@@ -110,12 +112,30 @@ def main_from_args(args: argparse.Namespace) -> int:
         from benchmarks.compaction import run_compaction_benchmarks
 
         run_compaction_benchmarks(args.quick, out_dir, work_dir=args.work_dir)
+    if not only or any(o.startswith("peers") for o in only):
+        from benchmarks.peer_suite import peer_settings_for, run_peer_benchmarks
+
+        peer_overrides = {"repeats": args.repeats} if args.repeats else {}
+        peers = run_peer_benchmarks(peer_settings_for("quick" if args.quick else "full", **peer_overrides),
+                                    out_dir, only=[o for o in only if o.startswith("peers")] or None,
+                                    work_dir=args.work_dir)
+        render_peer_table(peers)
+        failed = failed or any(e["status"] == "error" for e in peers["benchmarks"])
     if not only or any(o.startswith("spark") for o in only):
         # benchmarks.spark imports pyspark and spark_ext only when it runs.
         from benchmarks.spark import run_spark_benchmarks
 
         run_spark_benchmarks(args.quick, out_dir, work_dir=args.work_dir)
     return 1 if failed else 0
+
+
+def render_peer_table(document: dict[str, Any]) -> None:
+    """Print the peer suite's table and where its results went."""
+    from benchmarks.report import render_table
+
+    render_table(document)
+    if document.get("path"):
+        print(f"results: {document['path']}" + "".join(f"\nchart: {p}" for p in document.get("plots", [])))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

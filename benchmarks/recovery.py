@@ -43,7 +43,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -309,8 +309,9 @@ def anchor_sample(kind: str, plan: Plan, path: Path, key_index: int, log_dir: Pa
 
 
 def measure_recovery(plan: Plan, work: Path, repeats: int,
-                     describe: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
-    """Every state ``repeats`` times, each kvlog sample followed by one of each anchor.
+                     describe: Callable[[str], None] = lambda text: None,
+                     states: Sequence[str] = STATES) -> dict[str, Any]:
+    """Every one of ``states`` ``repeats`` times, each kvlog sample followed by one of each anchor.
 
     Returns ``{"samples": {name: {state: [sample, ...]}}, "anchor_loads": {...},
     "anchors_skipped": {name: reason}, "key_indices": [...]}`` with ``name`` "kvlog" and the
@@ -322,7 +323,7 @@ def measure_recovery(plan: Plan, work: Path, repeats: int,
         skipped["rocksdict"] = missing
     anchors = [a for a in ANCHORS if a not in skipped]
     samples: dict[str, dict[str, list[dict[str, Any]]]] = {
-        name: {state: [] for state in STATES} for name in ("kvlog", *anchors)}
+        name: {state: [] for state in states} for name in ("kvlog", *anchors)}
     loads: dict[str, dict[str, Any]] = {}
     paths = {name: work / f"anchor-{name}" for name in anchors}
     picks = np.random.default_rng(plan.seed + 11).integers(0, plan.keys, size=repeats)
@@ -332,7 +333,7 @@ def measure_recovery(plan: Plan, work: Path, repeats: int,
             loads[name] = load_anchor(name, plan, paths[name], work)
         for repeat in range(repeats):
             key_index = int(picks[repeat])
-            for state in STATES:
+            for state in states:
                 describe(f"store: recovery, {state}, run {repeat + 1}/{repeats} "
                          f"(kvlog writer, {plan.keys:,} records)")
                 samples["kvlog"][state].append(kvlog_sample(plan, work, state, repeat, key_index))

@@ -52,8 +52,8 @@ def rows(document: dict[str, Any]) -> list[dict[str, str]]:
                         "anchor_value": "", "ratio": "", "goal": goal["text"] if goal else "",
                         "result": entry["status"], "note": entry.get("reason", "")[:200]})
             continue
-        goal = entry.get("goal")
         for i, anchor in enumerate(entry["anchors"]):
+            goal = _goal_for(entry, anchor["key"], i)
             ratio = entry["ratios"][anchor["key"]]["ratio"]
             row = {
                 "benchmark": entry["title"] if i == 0 else "",
@@ -63,8 +63,7 @@ def rows(document: dict[str, Any]) -> list[dict[str, str]]:
                 "ratio": "-" if ratio is None else (f"{ratio:.3g}x" if ratio < 1000 else f"{ratio:,.0f}x"),
                 "goal": "", "result": "", "note": "",
             }
-            if goal is not None and (goal.get("anchor") == anchor["key"]
-                                     or ("anchor" not in goal and i == 0)):
+            if goal is not None:
                 row["goal"] = goal["text"]
                 row["result"] = {True: "pass", False: "MISS", None: "-"}[goal["met"]]
                 if "metric" in goal and goal.get("value") is not None:
@@ -81,6 +80,21 @@ def rows(document: dict[str, Any]) -> list[dict[str, str]]:
                     row["note"] = "; ".join([row["note"], *notes] if row["note"] else notes)
             out.append(row)
     return out
+
+
+def _goals(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """An entry's goals: ``goals`` where it has several, else its ``goal``."""
+    if entry.get("goals"):
+        return list(entry["goals"])
+    return [entry["goal"]] if entry.get("goal") else []
+
+
+def _goal_for(entry: dict[str, Any], anchor: str, row: int) -> dict[str, Any] | None:
+    """The goal judged against ``anchor``, or a goal on the entry's own metric (on its first row)."""
+    for goal in _goals(entry):
+        if goal.get("anchor") == anchor or ("anchor" not in goal and row == 0):
+            return goal
+    return None
 
 
 def _metric_note(entry: dict[str, Any], goal: dict[str, Any]) -> str:
@@ -105,7 +119,7 @@ def render_table(document: dict[str, Any], file: IO[str] | None = None) -> None:
     from rich.table import Table
 
     machine = document["machine"]
-    title = (f"kvlog benchmarks ({document['mode']}), {document['date']}, {machine['cpu']}, "
+    title = (f"{document.get('title', 'kvlog benchmarks')} ({document['mode']}), {document['date']}, {machine['cpu']}, "
              f"{machine['cores']} cores, {machine['memory_gib']} GiB, Python {machine['python']}, "
              f"{document['wall_seconds']:.0f} s")
     table = Table(title=title, show_lines=True)
@@ -203,16 +217,20 @@ def plot(document: dict[str, Any], out_json: str | os.PathLike[str]) -> list[Pat
     for entry in document["benchmarks"]:
         if entry["status"] != "ok" or entry["id"] == "store.memory":
             continue
-        goal = entry.get("goal")
         for anchor in entry["anchors"]:
             speedup = entry["ratios"][anchor["key"]]["speedup"]
             if speedup is None:
                 continue
             labels.append(f"{entry['title']}\nvs {anchor['name']}")
             speedups.append(speedup)
-            if goal is not None and goal.get("anchor") == anchor["key"]:
+            goal = next((g for g in _goals(entry) if g.get("anchor") == anchor["key"]), None)
+            if goal is not None:
                 colors.append("tab:green" if goal["met"] else "tab:red")
-                goal_marks.append((len(labels) - 1, float(goal["min_ratio"])))
+                # On the speedup scale: ``speedup_target`` where the entry gives one (a bound
+                # on a lower-is-better figure turns into 1 / bound), else ``min_ratio``.
+                target = goal.get("speedup_target", goal.get("min_ratio"))
+                if target is not None:
+                    goal_marks.append((len(labels) - 1, float(target)))
             else:
                 colors.append("tab:blue" if speedup >= 1 else "tab:gray")
     if labels:
@@ -232,7 +250,8 @@ def plot(document: dict[str, Any], out_json: str | os.PathLike[str]) -> list[Pat
         ax.invert_yaxis()
         ax.set_xlabel("kvlog speed relative to the anchor (log scale; > 1: kvlog faster; "
                       "latency: anchor / kvlog). Black ticks: goals.")
-        ax.set_title(f"kvlog benchmarks ({document['mode']}), {document['date']}: kvlog vs anchors, same run")
+        ax.set_title(f"{document.get('title', 'kvlog benchmarks')} ({document['mode']}), {document['date']}: "
+                     "kvlog vs anchors, same run")
         fig.tight_layout()
         path = base.with_name(base.stem + "_ratios.png")
         fig.savefig(path, dpi=110)
