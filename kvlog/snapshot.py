@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, cast
 
 from kvlog.config import KEY_BYTES_LIMIT
 from kvlog.errors import InvalidRecordError, StoreClosedError
@@ -57,19 +57,27 @@ def key_bound(value: bytes | str) -> bytes:
     raise InvalidRecordError(f"a key bound must be bytes or str, not {type(value).__name__}")
 
 
+class Clearable(Protocol):
+    """A part of a scan that stops it once cleared: a list of pairs, or an iterator of the
+    index's that hands out nothing more after ``clear()``."""
+
+    def clear(self) -> None: ...
+
+
 class _Scan:
-    """A scan in progress: the list of pairs it is handing out (None: none)."""
+    """A scan in progress: the part it is handing out that can be cleared (None: none)."""
 
     __slots__ = ("part", "__weakref__")
 
     def __init__(self) -> None:
-        self.part: list[tuple[bytes, bytes]] | None = None
+        self.part: Clearable | None = None
 
 
 class OpenScans:
     """The scans of a store (or snapshot) in progress, so that closing it stops them: a scan's
-    pairs come in parts (lists made for it, or iterators), chained with no Python frame per
-    pair; :meth:`close` empties the list each scan is handing out, and the scan raises
+    pairs come in parts (lists made for it, the index's walks, or other iterators), chained
+    with no Python frame per pair for the parts that can be cleared (:class:`Clearable`);
+    :meth:`close` clears the part each scan is handing out, and the scan raises
     :class:`StoreClosedError` at its next step."""
 
     def __init__(self, closed: Callable[[], bool], message: str) -> None:
@@ -96,8 +104,8 @@ class OpenScans:
                     if not closed():
                         return
                     break
-                if type(part) is list:
-                    scan.part = part
+                if hasattr(part, "clear"):  # Clearable (a runtime-checked isinstance costs more)
+                    scan.part = cast(Clearable, part)
                     if closed():  # closed between the check and here: close() missed this part
                         break
                     yield part

@@ -18,3 +18,19 @@ def inline_prefix(pairs: list[tuple[bytes, bytes]], /) -> list[tuple[bytes, byte
 def scan_items(pairs: list[tuple[bytes, bytes]], now_ms: int, keep_hidden: bool, /
                ) -> tuple[list[tuple[bytes, Any]], int, int]: ...
 def crc32c(data: Buffer, value: int = 0, portable: bool = False, /) -> int: ...
+
+class ScanWalk:
+    state: int
+    at: int
+    source: Any
+    upper: bytes | None
+    resume: bytes | None
+    held: tuple[bytes, bytes] | None
+    item: tuple[bytes, Any] | None
+    error: BaseException | None
+    def __init__(self, source: Any, overlay: list[tuple[bytes, Any]], at: int, overlay_done: bool,
+                 upper: bytes | None, resume: bytes | None, now_ms: int, held: tuple[bytes, bytes] | None, /
+                 ) -> None: ...
+    def __iter__(self) -> ScanWalk: ...
+    def __next__(self) -> tuple[bytes, Any]: ...
+    def clear(self) -> None: ...

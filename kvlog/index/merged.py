@@ -1,18 +1,19 @@
-"""Forward scans merged a chunk at a time: the memtable's writes, the pending runs (newest first)
-and the B-tree, each read in chunks and merged by whole chunks, so that no Python frame runs per
-entry.
+"""Forward scans over the memtable's writes, the pending runs (newest first) and the B-tree,
+merged with no Python frame per entry.
 
-Each source gives its entries in key order, a chunk at a time, as ``(key, item)``: the value
-(bytes), ``None`` for a key hidden there (a deletion, a tombstone, an entry or write expired at
-the scan's time) which hides it in the older sources too, or ``(partition, offset, expiry)`` for
-a value in a data file. A chunk of each source is read; the keys up to the smallest last key
-among the sources not exhausted (the frontier) are known in every source, so they are merged
-(the newest source winning a key), the hidden ones dropped, and handed out; then the sources
-left short are read again.
+The B-tree is walked by ``ScanWalk`` (in ``_runs``, C or its Python twin): an iterator that
+pulls the cursor's entries one at a time as the caller asks, checks each, and hands out
+``(key, inline value)``, merging in the *overlay*: the memtable's writes and the runs' entries,
+read a chunk at a time and merged by whole chunks (the keys up to the smallest last key among
+the sources not exhausted are known in every source). A scan that stops after ``n`` entries
+reads about ``n`` B-tree entries. An overlay entry is ``(key, item)``: the value (bytes), None
+for a key hidden there (a deletion, a tombstone, a write or entry expired at the scan's time),
+which hides the B-tree's entry, or ``(partition, offset, expiry)`` for a value in a data file.
 
-Chunks start at :data:`FIRST_CHUNK` entries and double up to :data:`MAX_CHUNK`: a scan that
-stops after ``n`` entries reads about ``n`` of each source (at most twice that), and a long
-scan reads in chunks large enough that the per-chunk cost is spread thin.
+A walk stops at what it does not hand out itself (an entry whose value is in a data file, a
+damaged entry, the overlay's chunk consumed, the end); this module's generator then does that
+part in Python and starts the next walk. Overlay chunks start at :data:`FIRST_CHUNK` entries and
+double up to :data:`MAX_CHUNK`.
 
 The B-tree's long keys (see :mod:`kvlog.index.keys`) sort by their real keys only within a
 group: at the first one, this path stops and returns the bound from which the caller reads the
@@ -21,17 +22,15 @@ rest entry by entry.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Generator
-from itertools import islice
+from bisect import bisect_right
+from collections.abc import Callable, Generator, Iterator
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import lmdb
 
 from kvlog._native import load
 from kvlog.index.entry import decode_entry
-from kvlog.index.keys import DIRECT_KEY_BYTES
 from kvlog.index.memtable import Entry, live_value
 from kvlog.index.runs import Buffer
 from kvlog.meta.env import CacheDamage
@@ -55,6 +54,8 @@ Item = bytes | tuple[int, int, int | None] | None
 #: where ``resume`` (not None: a long key met) is the bound the rest must be read from.
 _Fill = Callable[[int], tuple[list[tuple[bytes, Any]], int, bool, bytes | None]]
 _FIRST = itemgetter(0)
+# Why a walk stopped (see ScanWalk).
+_END, _TREE, _OVERLAY, _REFILL, _ERROR, _RESUME, _CLEARED = range(1, 8)
 
 
 def _run_damage() -> CacheDamage:
@@ -94,91 +95,17 @@ def _run_source(run: Buffer, lower: bytes | None, upper: bytes | None, now_ms: i
     return fill
 
 
-def _tree_source(cur: lmdb.Cursor, lower: bytes | None, upper: bytes | None, now_ms: int,
-                 keep_hidden: bool) -> _Fill | None:
-    found = cur.first() if lower is None else cur.set_range(lower)
-    if not found:
-        return None
-    entries = cur.iternext()  # the reader's transaction makes bytes
-
-    def fill(size: int) -> tuple[list[tuple[bytes, Any]], int, bool, bytes | None]:
-        raw: list[tuple[bytes, bytes]] = list(islice(entries, size))
-        done = len(raw) < size
-        if upper is not None and raw and raw[-1][0] >= upper:
-            raw = raw[:bisect_left(raw, upper, key=_FIRST)]
-            done = True
-        try:
-            items, to_resolve, stopped = _runs.scan_items(raw, now_ms, keep_hidden)
-        except ValueError:
-            for k, v in raw:
-                decode_entry(k, v)  # raises for the damaged entry
-            raise
-        if stopped != len(raw):
-            # A long key's group: every real key of it is > its first bytes + b"\0".
-            return items, to_resolve, True, raw[stopped][0][:DIRECT_KEY_BYTES] + b"\x00"
-        return items, to_resolve, done, None
-
-    return fill
-
-
-def _clip(items: list[tuple[bytes, Any]], bound: bytes) -> tuple[list[tuple[bytes, Any]], bool]:
-    """``items`` below ``bound``, and whether any were cut."""
-    if items and items[-1][0] >= bound:
-        return items[:bisect_left(items, bound, key=_FIRST)], True
-    return items, False
-
-
-def merged_chunks(
-    cur: lmdb.Cursor, runs: list[Buffer], front: list[tuple[bytes, Entry]],
-    lower: bytes | None, upper: bytes | None, now_ms: int,
-) -> Generator[tuple[list[tuple[bytes, Any]], bool], None, bytes | None]:
-    """Forward scan of ``lower <= key < upper`` (each at most ``DIRECT_KEY_BYTES`` long) over
-    the memtable's writes ``front`` (sorted, within the range), the pending ``runs`` (newest
-    first) and the B-tree (``cur``), at ``now_ms``: yields lists of ``(key, item)`` without the
-    hidden keys, with whether any item may be a data file's position (:data:`Item`). Returns
-    None at the end of the range, or the lower bound from which the rest must be read entry by
-    entry (the B-tree's first long key)."""
-    fills: list[_Fill] = []
-    if front:
-        fills.append(_memtable_source(front, now_ms))
-    fills.extend(_run_source(run, lower, upper, now_ms) for run in runs)
-    tree = _tree_source(cur, lower, upper, now_ms, keep_hidden=bool(fills))
-    if tree is not None:
-        fills.append(tree)
+def _overlay_chunks(fills: list[_Fill]) -> Iterator[list[tuple[bytes, Any]]]:
+    """The sources of ``fills`` (newest first) merged a chunk at a time, hidden keys kept as
+    None (they hide the B-tree's entries); chunks grow from :data:`FIRST_CHUNK`."""
     count = len(fills)
-    if not count:
-        return None
-    size = FIRST_CHUNK
-    if tree is not None and count == 1:  # the B-tree alone: its chunks as they come
-        resolving = False
-        while True:
-            items, to_resolve, exhausted, stop = tree(size)
-            resolving = resolving or to_resolve > 0
-            if items:
-                yield items, resolving
-            if exhausted:
-                return stop
-            if size < MAX_CHUNK:
-                size *= 2
     bufs: list[list[tuple[bytes, Any]]] = [[] for _ in fills]
     done = [False] * count
-    resume: bytes | None = None
-    resolving = False
+    size = FIRST_CHUNK
     while True:
         for i in range(count):
             while not bufs[i] and not done[i]:
-                items, to_resolve, exhausted, stop = fills[i](size)
-                resolving = resolving or to_resolve > 0
-                done[i] = exhausted
-                if stop is not None:
-                    resume = stop
-                    for j in range(count):
-                        bufs[j], cut = _clip(bufs[j], stop)
-                        done[j] = done[j] or cut
-                elif resume is not None:
-                    items, cut = _clip(items, resume)
-                    done[i] = done[i] or cut
-                bufs[i] = items
+                bufs[i], _to_resolve, done[i], _stop = fills[i](size)
         frontier: bytes | None = None
         for i in range(count):
             if not done[i]:
@@ -199,16 +126,65 @@ def merged_chunks(
                     parts.append(buf[:cut])
                     bufs[i] = buf[cut:]
         if not parts:
-            return resume  # every source exhausted
+            return  # every source exhausted
         if len(parts) == 1:
-            merged = parts[0]
+            yield parts[0]
         else:
             newest: dict[bytes, Any] = {}
             for part in reversed(parts):  # the newer sources last: their entries win
                 newest.update(part)
-            merged = sorted(newest.items())
-        merged = [p for p in merged if p[1] is not None]
-        if merged:
-            yield merged, resolving
+            yield sorted(newest.items())
         if size < MAX_CHUNK:
             size *= 2
+
+
+def merged_chunks(
+    cur: lmdb.Cursor, runs: list[Buffer], front: list[tuple[bytes, Entry]],
+    lower: bytes | None, upper: bytes | None, now_ms: int,
+) -> Generator[tuple[_runs.ScanWalk | list[tuple[bytes, Any]], bool], None, bytes | None]:
+    """Forward scan of ``lower <= key < upper`` (each at most ``DIRECT_KEY_BYTES`` long) over
+    the memtable's writes ``front`` (sorted, within the range), the pending ``runs`` (newest
+    first) and the B-tree (``cur``), at ``now_ms``, in parts: a walk (an iterator of pairs in C,
+    see ``ScanWalk``) or a list of one pair whose value is in a data file, with whether the
+    part is such a list (its item ``(partition, offset, expiry)``). Returns None at the end of
+    the range, or the lower bound from which the rest must be read entry by entry (the
+    B-tree's first long key). A walk cleared (its scan closed) ends it."""
+    fills: list[_Fill] = []
+    if front:
+        fills.append(_memtable_source(front, now_ms))
+    fills.extend(_run_source(run, lower, upper, now_ms) for run in runs)
+    overlay = _overlay_chunks(fills)
+    found = cur.first() if lower is None else cur.set_range(lower)
+    # The reader's transaction makes bytes, never buffers.
+    source = cast(Iterator[tuple[bytes, bytes]], cur.iternext()) if found else None
+    chunk = next(overlay, None) if fills else None
+    pairs, pairs_done = ([], True) if chunk is None else (chunk, False)
+    at = 0
+    held: tuple[bytes, bytes] | None = None
+    resume: bytes | None = None
+    while True:
+        walk = _runs.ScanWalk(source, pairs, at, pairs_done, upper, resume, now_ms, held)
+        yield walk, False
+        state = walk.state
+        if state == _END or state == _CLEARED:
+            return None
+        if state == _RESUME:
+            return walk.resume
+        if state == _ERROR:
+            assert walk.error is not None
+            raise walk.error
+        source, at, held, upper, resume = walk.source, walk.at, walk.held, walk.upper, walk.resume
+        if state == _REFILL:
+            chunk = next(overlay, None)
+            pairs, pairs_done = ([], True) if chunk is None else (chunk, False)
+            at = 0
+        elif state == _TREE:
+            assert held is not None
+            key, entry = decode_entry(*held)  # raises for a damaged entry
+            held = None
+            yield [(key, (entry.partition, entry.offset, entry.expires_ms))], True
+        elif state == _OVERLAY:
+            assert walk.item is not None
+            yield [walk.item], True
+        else:
+            raise AssertionError(f"a scan walk stopped in state {state}")

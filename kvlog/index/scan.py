@@ -11,7 +11,7 @@ merge entry by entry.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import lmdb
 
@@ -107,7 +107,7 @@ def scan_pairs(
             reader.close()
 
 
-def _resolving(reader: IndexReader, chunk: list[tuple[bytes, Item]],
+def _resolving(reader: IndexReader, chunk: Iterable[tuple[bytes, Item]],
                resolve: Resolve) -> Iterator[tuple[bytes, bytes]]:
     """The pairs of a merged chunk, the values in data files read as they are reached."""
     for key, item in chunk:

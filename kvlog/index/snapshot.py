@@ -232,7 +232,8 @@ class IndexReader(MetaReader):
 
     def index_merged_chunks(
         self, front: list[tuple[bytes, Entry]], lower: bytes | None, upper: bytes | None, now_ms: int
-    ) -> tuple[Generator[tuple[list[tuple[bytes, Any]], bool], None, bytes | None], lmdb.Cursor]:
+    ) -> tuple[Generator[tuple[Iterator[tuple[bytes, Any]] | list[tuple[bytes, Any]], bool], None, bytes | None],
+               lmdb.Cursor]:
         """A forward scan of ``lower <= key < upper`` (short bounds, from
         :func:`~kvlog.index.keys.scan_bounds`) with the memtable's writes ``front`` (sorted, in
         the range) over this snapshot's index, in merged chunks (see
