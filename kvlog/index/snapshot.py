@@ -20,7 +20,7 @@ from kvlog.index.memtable import Entry
 from kvlog.index.merged import merged_chunks
 from kvlog.index.pending import find_in_runs_checked, merge_runs, runs_newest_first
 from kvlog.index.runs import Buffer
-from kvlog.index.tree import inline_chunks, overlay, walk_forward, walk_reverse
+from kvlog.index.tree import overlay, walk_forward, walk_reverse
 from kvlog.meta.cache import MetaReader, guard_methods
 from kvlog.meta.env import CacheDamage, LmdbEnv
 
@@ -215,20 +215,6 @@ class IndexReader(MetaReader):
                 if now_ms is not None and entry.expires_ms is not None and now_ms >= entry.expires_ms:
                     continue
                 yield key, entry
-
-    def index_inline_chunks(
-        self, start: bytes | None, stop: bytes | None, prefix: bytes | None
-    ) -> Generator[list[tuple[bytes, bytes]], None, bytes | None]:
-        """Forward scan of ``(key, inline value)`` lists while entries are short keys with inline
-        values; returns None at the end of the range, or the lower bound from which the rest must
-        be read with :meth:`index_scan` (at the first other entry)."""
-        lower, upper = scan_bounds(start, stop, prefix)
-        if lower is not None and upper is not None and lower >= upper:
-            return None
-        if self._runs():
-            return b"" if lower is None else lower  # pending runs: the general path merges them
-        with self.txn.cursor(db=self._db["index"]) as cur:
-            return (yield from inline_chunks(cur, lower, upper))
 
     def index_merged_chunks(
         self, front: list[tuple[bytes, Entry]], lower: bytes | None, upper: bytes | None, now_ms: int

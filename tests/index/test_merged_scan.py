@@ -12,14 +12,17 @@ releases its snapshot.
 from __future__ import annotations
 
 import gc
+import importlib
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 import kvlog
 from kvlog.clock import ManualClock
+from kvlog.index import encode_index_key, encode_index_value
 from kvlog.index.merged import FIRST_CHUNK, MAX_CHUNK
 from tests.native import Native
 
@@ -181,3 +184,44 @@ def test_a_scan_of_a_closed_store_raises_at_its_next_step(tmp_path: Path) -> Non
     store.close()
     with pytest.raises(kvlog.StoreClosedError):
         next(scan)
+
+
+def _walk_all(runs: ModuleType, source: list[tuple[bytes, bytes]], overlay: list[tuple[bytes, object]],
+              upper: bytes | None, now_ms: int) -> list[object]:
+    """Every step of a walk: its pairs, then why it stopped and what it holds."""
+    walk = runs.ScanWalk(iter(source), overlay, 0, True, upper, None, now_ms, None)
+    pairs = list(walk)
+    error = walk.error
+    return [pairs, walk.state, walk.held, walk.item, walk.resume, walk.at,
+            None if error is None else (type(error), str(error))]
+
+
+def test_the_scan_walk_and_scan_items_of_both_twins_agree() -> None:
+    """The C walk and its twin stop at the same place for the same reason, on every kind of
+    entry: inline, in a data file, expired or not, damaged, a long key, past the bound; and
+    ``scan_items`` takes the same entries apart the same way."""
+    c, twin = importlib.import_module("kvlog.index._runs"), importlib.import_module("kvlog.index._runs_py")
+    now = 1_000
+    entries = {
+        b"a": encode_index_value(b"a", 1, 2, b"va"),
+        b"b": encode_index_value(b"b", 1, 3, None),
+        b"c": encode_index_value(b"c", 1, 4, b"vc", expires_ms=now),
+        b"d": encode_index_value(b"d", 1, 5, b"vd", expires_ms=now + 1),
+        b"e": b"\x00" + encode_index_value(b"e", 1, 6, b"ve")[1:],
+    }
+    long_key = b"f" * 600
+    source_all = sorted(entries.items()) + [(encode_index_key(long_key), encode_index_value(long_key, 1, 7, b"vf"))]
+    overlays: list[list[tuple[bytes, object]]] = [[], [(b"a", None)], [(b"a", b"new"), (b"c", b"alive")],
+                                                   [(b"0", (1, 2, None))], [(b"cc", b"x"), (b"z", b"past")]]
+    for skip in range(len(source_all) + 1):
+        source = [p for i, p in enumerate(source_all) if i != skip and (skip > 0 or i != 1)]
+        for overlay in overlays:
+            for upper in (None, b"c", b"d0", b"zz"):
+                assert _walk_all(c, source, overlay, upper, now) == _walk_all(twin, source, overlay, upper, now)
+        ok = [p for p in source if p[0] != b"e"]
+        for keep in (False, True):
+            assert c.scan_items(ok, now, keep) == twin.scan_items(ok, now, keep)
+            assert c.scan_items(ok + [(b"r", b"")], now, keep) == twin.scan_items(ok + [(b"r", b"")], now, keep)
+    for runs in (c, twin):
+        with pytest.raises(ValueError):
+            runs.scan_items([(b"e", entries[b"e"])], now, True)
