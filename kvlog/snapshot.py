@@ -14,9 +14,10 @@ A snapshot is released by :meth:`Snapshot.close`, by the ``with`` block's end, b
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, cast
 
 from kvlog.config import KEY_BYTES_LIMIT
 from kvlog.errors import InvalidRecordError, StoreClosedError
@@ -25,7 +26,7 @@ from kvlog.log import Log
 from kvlog.log.pins import Pin
 from kvlog.log.records import to_key
 
-__all__ = ["Snapshot", "key_bound", "open_snapshot", "to_keys"]
+__all__ = ["OpenScans", "Snapshot", "key_bound", "open_snapshot", "to_keys"]
 
 _MISSING = object()
 
@@ -54,6 +55,89 @@ def key_bound(value: bytes | str) -> bytes:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     raise InvalidRecordError(f"a key bound must be bytes or str, not {type(value).__name__}")
+
+
+class Clearable(Protocol):
+    """A part of a scan that stops it once cleared: a list of pairs, or an iterator of the
+    index's that hands out nothing more after ``clear()``."""
+
+    def clear(self) -> None: ...
+
+
+class _Scan:
+    """A scan in progress: the part it is handing out that can be cleared (None: none)."""
+
+    __slots__ = ("part", "__weakref__")
+
+    def __init__(self) -> None:
+        self.part: Clearable | None = None
+
+
+class OpenScans:
+    """The scans of a store (or snapshot) in progress, so that closing it stops them: a scan's
+    pairs come in parts (lists made for it, the index's walks, or other iterators), chained
+    with no Python frame per pair for the parts that can be cleared (:class:`Clearable`);
+    :meth:`close` clears the part each scan is handing out, and the scan raises
+    :class:`StoreClosedError` at its next step."""
+
+    def __init__(self, closed: Callable[[], bool], message: str) -> None:
+        self._closed = closed
+        self._message = message
+        self._scans: weakref.WeakSet[_Scan] = weakref.WeakSet()
+
+    def items(self, parts: Iterator[list[tuple[bytes, bytes]] | Iterator[tuple[bytes, bytes]]]
+              ) -> Iterator[tuple[bytes, bytes]]:
+        """The pairs of ``parts`` until closed, then :class:`StoreClosedError` (whatever the
+        closed snapshot or storage would have raised)."""
+        scan = _Scan()
+        self._scans.add(scan)
+        return chain.from_iterable(self._parts(scan, parts))
+
+    def _parts(self, scan: _Scan, parts: Iterator[list[tuple[bytes, bytes]] | Iterator[tuple[bytes, bytes]]]
+               ) -> Iterator[list[tuple[bytes, bytes]] | Iterator[tuple[bytes, bytes]]]:
+        closed = self._closed
+        try:
+            while not closed():  # never reads a closed store's storage for the next part
+                part = next(parts, None)
+                if part is None:
+                    scan.part = None
+                    if not closed():
+                        return
+                    break
+                if hasattr(part, "clear"):  # Clearable (a runtime-checked isinstance costs more)
+                    scan.part = cast(Clearable, part)
+                    if closed():  # closed between the check and here: close() missed this part
+                        break
+                    yield part
+                else:
+                    scan.part = None
+                    yield self._iterated(part)
+        except Exception:
+            if not closed():
+                raise
+        raise StoreClosedError(self._message)
+
+    def _iterated(self, part: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+        """An iterator part, checked before each pair (it may read storage for each)."""
+        closed = self._closed
+        try:
+            for item in part:
+                if closed():
+                    break
+                yield item
+            else:
+                return
+        except Exception:
+            if not closed():
+                raise
+        raise StoreClosedError(self._message)
+
+    def close(self) -> None:
+        """Stop every scan in progress (call once closed, as ``closed`` says)."""
+        for scan in list(self._scans):
+            part = scan.part
+            if part is not None:
+                part.clear()
 
 
 def _release(view: IndexView, pin: Pin) -> None:

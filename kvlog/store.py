@@ -29,7 +29,7 @@ from kvlog.log.disk_usage import disk_usage
 from kvlog.log.flusher import Flusher
 from kvlog.log.pins_named import Checkpoint
 from kvlog.log.records import Record, check_ttl, to_key, to_value
-from kvlog.snapshot import Snapshot, key_bound, open_snapshot, to_keys
+from kvlog.snapshot import OpenScans, Snapshot, key_bound, open_snapshot, to_keys
 from kvlog.storage import Storage
 from kvlog.views import StoreMapping
 
@@ -113,6 +113,7 @@ class Store(StoreMapping):
         self._flusher: Flusher | None = None
         self._compactor: Compactor | None = None
         self._snapshots: weakref.WeakSet[Snapshot] = weakref.WeakSet()
+        self._scans = OpenScans(lambda: self._closed, "the store was closed while this iterator was in use")
         if not log.read_only:
             pid = producer_id if producer_id is not None else log.store_producer_id()
             with log.settle_deferred():  # opening never waits for the index runs to merge
@@ -273,7 +274,7 @@ class Store(StoreMapping):
         hi = None if stop is None else key_bound(stop)
         pre = None if prefix is None else key_bound(prefix)
         self._maybe_refresh()
-        return self._while_open(self._index.scan(lo, hi, pre, reverse, self.log.value_of))
+        return self._scans.items(self._index.scan_parts(lo, hi, pre, reverse, self.log.value_of))
 
     def _while_open(self, items: Iterator[_T]) -> Iterator[_T]:
         """``items`` until the store is closed: then :class:`StoreClosedError`, whatever the
@@ -437,6 +438,7 @@ class Store(StoreMapping):
                     self._flusher.discard()
         finally:
             self._closed = True
+            self._scans.close()
             for snap in list(self._snapshots):
                 snap.close()  # a snapshot left open is released with the store
             self._index.release()

@@ -9,6 +9,7 @@ runs to the LMDB B-tree. :class:`KeyIndex` is its interface; the modules hold on
 ``tree``      walks of the B-tree, with the runs laid over it
 ``snapshot``  a read snapshot of the catalog and the index together
 ``scan``      scans of memtable, runs and B-tree merged
+``merged``    forward scans merged by whole chunks, the B-tree walked in C
 ``many``      reading many keys in one snapshot
 ``view``      a read view held open: one snapshot and a copy of the memtable
 ``expiries``  the rows of expiring entries, by which ``len`` skips the expired

@@ -144,6 +144,8 @@ static PyObject *inline_prefix(PyObject *self, PyObject *arg) {
     return out;
 }
 
+#include "_scan_walk.h" /* scan_items and ScanWalk: a scan's entries */
+
 /* ---- index runs --------------------------------------------------------------------------- */
 
 typedef struct {
@@ -564,6 +566,8 @@ static PyMethodDef methods[] = {
      "An index value checked: its inline value, or None when the value is in a data file."},
     {"inline_prefix", inline_prefix, METH_O,
      "The checked (key, inline value) pairs of the leading short-key inline entries of a list."},
+    {"scan_items", scan_items, METH_VARARGS,
+     "A scan's checked (key, inline value, data file position or None) items of (key, value) pairs."},
     {"crc32c", crc32c, METH_VARARGS, "The CRC32C of the index's entries, as kvlog computes it in C."},
     {NULL, NULL, 0, NULL},
 };
@@ -579,5 +583,12 @@ PyMODINIT_FUNC PyInit__runs(void) {
         return NULL;
     }
     crc32c_init();
-    return PyModule_Create(&module);
+    if (PyType_Ready(&ScanWalkType) < 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddObjectRef(m, "ScanWalk", (PyObject *)&ScanWalkType) < 0) {
+        Py_CLEAR(m);
+    }
+    return m;
 }

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["build", "crc32c", "decode", "entries", "find", "find_first", "inline", "inline_prefix"]
+__all__ = ["build", "crc32c", "decode", "entries", "find", "find_first", "inline", "inline_prefix", "scan_items", "ScanWalk"]
 
 #: Any object with the buffer protocol: bytes, memoryview, a numpy array, an Arrow buffer.
 Buffer = Any
@@ -132,6 +132,167 @@ def inline_prefix(pairs: list[tuple[bytes, bytes]], /) -> list[tuple[bytes, byte
             break
         out.append((key, inline_value))
     return out
+
+
+def scan_items(pairs: list[tuple[bytes, bytes]], now_ms: int, keep_hidden: bool, /
+               ) -> tuple[list[tuple[bytes, Any]], int, int]:
+    """A scan's items of ``(lmdb_key, value)`` pairs, each checked: ``(key, inline value)``,
+    ``(key, (partition, offset, expiry or None))`` for a value in a data file, or ``(key, None)``
+    for a run's deletion (an empty value) or an entry expired at ``now_ms`` (left out unless
+    ``keep_hidden``). Stops at the first long key; returns the items, how many are in data files,
+    and where it stopped (``len(pairs)`` when no long key)."""
+    if not isinstance(pairs, list):
+        raise TypeError("scan_items() takes a list of (key, value) pairs")
+    now = operator.index(now_ms)
+    out: list[tuple[bytes, Any]] = []
+    to_resolve = 0
+    for i, pair in enumerate(pairs):
+        if (not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], bytes)
+                or not isinstance(pair[1], bytes)):
+            raise TypeError("scan_items() takes (bytes, bytes) pairs")
+        key, value = pair
+        if not value:
+            if keep_hidden:
+                out.append((key, None))
+            continue
+        entry = open_entry(bytes(key), bytes(value))
+        if entry is None:
+            raise ValueError(BAD_ENTRY)
+        _key, partition, offset, flags, inline_value, expires = entry
+        if flags & FLAG_LONG:
+            return out, to_resolve, i
+        if expires is not None and now >= expires:
+            if keep_hidden:
+                out.append((key, None))
+        elif inline_value is not None:
+            out.append((key, inline_value))
+        else:
+            to_resolve += 1
+            out.append((key, (partition, offset, expires)))
+    return out, to_resolve, len(pairs)
+
+
+WALK_RUNNING, WALK_END, WALK_TREE, WALK_OVERLAY, WALK_REFILL, WALK_ERROR, WALK_RESUME, WALK_CLEARED = range(8)
+
+
+class ScanWalk:
+    """An iterator of a forward scan's ``(key, value)`` pairs, merging the B-tree's entries
+    (``source``: an iterator of ``(lmdb_key, index value)`` pairs from a cursor, or None) with
+    the ``overlay`` (a sorted list of ``(key, item)`` from the memtable and the pending runs,
+    read from position ``at``; item: the value, None for a key hidden, anything else for the
+    caller to read), the overlay winning a key. It stops, :attr:`state` set, at the end of the
+    range (``WALK_END``), at a B-tree pair to decode by the caller, damaged or with its value
+    in a data file (``WALK_TREE``: :attr:`held`), at an overlay item that is not a value
+    (``WALK_OVERLAY``: :attr:`item`), when the overlay list is consumed and more may follow
+    (``WALK_REFILL``), at an error of the source (``WALK_ERROR``: :attr:`error`), at the B-tree's
+    first long key (``WALK_RESUME``: :attr:`resume`, the bound to read on from), or when
+    cleared (``WALK_CLEARED``). It never raises while iterating."""
+
+    def __init__(self, source: Any, overlay: list[tuple[bytes, Any]], at: int, overlay_done: bool,
+                 upper: bytes | None, resume: bytes | None, now_ms: int, held: tuple[bytes, bytes] | None, /
+                 ) -> None:
+        if (not isinstance(overlay, list) or (upper is not None and not isinstance(upper, bytes))
+                or (resume is not None and not isinstance(resume, bytes))
+                or (held is not None and (not isinstance(held, tuple) or len(held) != 2))
+                or (source is not None and not hasattr(source, "__next__")) or operator.index(at) < 0):
+            raise TypeError("ScanWalk() takes an iterator or None, a list, a position, a flag, "
+                            "bytes or None twice, a time and a pair or None")
+        self.source = source
+        self.overlay = overlay
+        self.at = operator.index(at)
+        self.overlay_done = bool(overlay_done)
+        self.upper = upper
+        self.resume = resume
+        self.now_ms = operator.index(now_ms)
+        self.held = held
+        self.item: tuple[bytes, Any] | None = None
+        self.error: BaseException | None = None
+        self.state = WALK_RUNNING
+
+    def __iter__(self) -> ScanWalk:
+        return self
+
+    def clear(self) -> None:
+        """Stop: the next step ends the iteration."""
+        self.state = WALK_CLEARED
+        self.source = None
+
+    def _fail(self, error: BaseException) -> None:
+        self.error = error
+        self.state = WALK_ERROR
+
+    def _pull(self) -> None:
+        try:
+            pair = next(self.source)
+        except StopIteration:
+            self.source = None
+            return
+        except Exception as e:  # the source's error, for the caller to raise
+            self._fail(e)
+            return
+        if (not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], bytes)
+                or not isinstance(pair[1], bytes)):
+            self._fail(TypeError("a scan's source yields (bytes, bytes) pairs"))
+            return
+        key = pair[0]
+        if self.upper is not None and key >= self.upper:
+            self.source = None
+        elif len(key) > MAX_DIRECT_KEY:
+            # A long key's group: every real key of it is > its first bytes + b"\0".
+            self.resume = self.upper = key[:MAX_DIRECT_KEY] + b"\x00"
+            self.source = None
+        else:
+            self.held = pair
+
+    def __next__(self) -> tuple[bytes, Any]:
+        while True:
+            if self.state != WALK_RUNNING:
+                raise StopIteration
+            if self.held is None and self.source is not None:
+                self._pull()
+                if self.state != WALK_RUNNING:
+                    raise StopIteration
+            following: tuple[bytes, Any] | None = None
+            if self.at < len(self.overlay):
+                following = self.overlay[self.at]
+                if not isinstance(following, tuple) or len(following) != 2 or not isinstance(following[0], bytes):
+                    self._fail(TypeError("a scan's overlay holds (bytes, item) pairs"))
+                    raise StopIteration
+                if self.upper is not None and following[0] >= self.upper:
+                    following = None  # past the range: the overlay is done
+            elif not self.overlay_done:
+                self.state = WALK_REFILL
+                raise StopIteration
+            held = self.held
+            if held is None and following is None:
+                self.state = WALK_RESUME if self.resume is not None else WALK_END
+                raise StopIteration
+            if held is not None and (following is None or held[0] < following[0]):
+                entry = open_entry(held[0], held[1])
+                if entry is None:
+                    self.state = WALK_TREE  # damaged: for the caller to raise
+                    raise StopIteration
+                _key, _partition, _offset, _flags, inline_value, expires = entry
+                if expires is not None and self.now_ms >= expires:
+                    self.held = None
+                    continue
+                if inline_value is None:
+                    self.state = WALK_TREE  # its value is in a data file
+                    raise StopIteration
+                self.held = None
+                return held[0], inline_value
+            assert following is not None
+            if held is not None and held[0] == following[0]:
+                self.held = None  # the overlay's entry is newer
+            self.at += 1
+            item = following[1]
+            if item is None:
+                continue
+            if type(item) is bytes:
+                return following
+            self.item = following
+            self.state = WALK_OVERLAY
+            raise StopIteration
 
 
 # ---- index runs --------------------------------------------------------------------------------

@@ -245,7 +245,13 @@ class KeyIndex:
         now_ms = self.now_ms()
         for _attempt in range(4):
             reader = IndexReader(env, env.read(), now_ms)
+            if reader.txn.id() == self._runless_snapshot:
+                reader.no_runs()  # a snapshot seen without runs: no need to look again
+                return reader
             if reader.pin_runs():  # its index runs read in place, not copied
+                if reader.runless():
+                    self._runless_snapshot = reader.txn.id()
+                    self._pinned_runs.release()
                 return reader
             reader.close()  # a commit landed in between: take the newer snapshot
         return IndexReader(env, env.read(), now_ms)
@@ -255,12 +261,18 @@ class KeyIndex:
         """``(key, value)`` pairs in key order (or reverse), ``start <= key < stop`` with
         ``prefix``, over one snapshot: the memtable's writes over the index's entries,
         deletions left out. ``resolve`` reads a value that is not inline (in the snapshot)."""
+        return chain.from_iterable(self.scan_parts(start, stop, prefix, reverse, resolve))
+
+    def scan_parts(self, start: bytes | None, stop: bytes | None, prefix: bytes | None, reverse: bool,
+                   resolve: Resolve) -> Iterator[list[tuple[bytes, bytes]] | Iterator[tuple[bytes, bytes]]]:
+        """:meth:`scan`'s pairs as the parts they are made in, to chain: lists of pairs (each a
+        list of its own, which the caller may empty) or iterators. The snapshot is taken now."""
         self._await_complete()
         with self._apply_lock:
             front = self.memtable.items_in_range(start, stop, prefix)
             reader = self.reader()
         assert reader.now_ms is not None
-        return chain.from_iterable(scan_pairs(reader, front, start, stop, prefix, reverse, resolve, reader.now_ms))
+        return scan_pairs(reader, front, start, stop, prefix, reverse, resolve, reader.now_ms)
 
     def get_many(self, keys: Sequence[bytes], resolve: ResolveMany) -> list[bytes | None]:
         """The latest values of ``keys`` (valid keys) in the order given, None where a key has

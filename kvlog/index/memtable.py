@@ -144,6 +144,8 @@ class MemTable:
             if successor is not None and (upper is None or successor < upper):
                 upper = successor
         with self.lock:
+            if not self.front and not self.frozen:
+                return []
             items = self._merged()
             if start is None and upper is None and not prefix:
                 chosen = list(items.items())

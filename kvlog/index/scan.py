@@ -2,17 +2,25 @@
 runs over its B-tree), in key order or reverse, tombstones removed.
 
 A value comes from the memtable, inline from an index entry, or from the data file an entry
-points at: the caller's ``resolve`` reads that one in the scan's own snapshot. While the range
-has no memtable writes and the index no pending runs, a forward scan reads inline values in bulk.
+points at: the caller's ``resolve`` reads that one in the scan's own snapshot, when the scan
+reaches it. A forward scan reads its sources in chunks merged whole (see
+:mod:`kvlog.index.merged`), the first ones small, so a scan abandoned after a few entries reads
+about that many; a reverse scan, and the rest of a forward one past a long key in the B-tree,
+merge entry by entry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+
+import lmdb
 
 from kvlog.index.entry import IndexEntry, RecordExpired
+from kvlog.index.keys import DIRECT_KEY_BYTES, scan_bounds
 from kvlog.index.memtable import Entry, live_value
-from kvlog.index.snapshot import IndexReader
+from kvlog.index.merged import Item
+from kvlog.index.snapshot import IndexReader, read_failure
+from kvlog.meta.env import CacheDamage
 
 __all__ = ["Resolve", "merge_sorted", "scan_pairs"]
 
@@ -69,17 +77,50 @@ def scan_pairs(
     closed when the parts end or are abandoned, unless ``close`` is False (a read view's reader,
     which outlives its scans)."""
     try:
-        if not front and not reverse:
-            resume = yield from reader.index_inline_chunks(lower, upper, prefix)
-            if resume is None:
-                return
-            # The chain consumes this before resuming us, so the snapshot is still open.
-            lower, front = resume, []
+        if not reverse:
+            lo, hi = scan_bounds(lower, upper, prefix)
+            if (lo is None or len(lo) <= DIRECT_KEY_BYTES) and (hi is None or len(hi) <= DIRECT_KEY_BYTES):
+                if lo is not None and hi is not None and lo >= hi:
+                    return
+                chunks, cur = reader.index_merged_chunks(front, lo, hi, now_ms)
+                try:
+                    while True:
+                        chunk, resolving = next(chunks)
+                        yield _resolving(reader, chunk, resolve) if resolving else chunk
+                except StopIteration as end:
+                    resume: bytes | None = end.value
+                except (lmdb.MapFullError, lmdb.MapResizedError):
+                    raise
+                except (lmdb.Error, CacheDamage) as e:
+                    raise read_failure(reader, e) from (e if isinstance(e, lmdb.Error) else None)
+                finally:
+                    chunks.close()
+                    cur.close()  # before the reader's transaction ends
+                if resume is None:
+                    return
+                # A long key in the B-tree: the rest entry by entry, from where the chunks stopped.
+                lower, front = resume, [p for p in front if p[0] >= resume]
         yield _values(reader, merge_sorted(reader.index_scan(lower, upper, prefix, reverse), front,
                                            reverse=reverse, now_ms=now_ms), resolve)
     finally:
         if close:
             reader.close()
+
+
+def _resolving(reader: IndexReader, chunk: Iterable[tuple[bytes, Item]],
+               resolve: Resolve) -> Iterator[tuple[bytes, bytes]]:
+    """The pairs of a merged chunk, the values in data files read as they are reached."""
+    for key, item in chunk:
+        if type(item) is bytes:
+            yield key, item
+            continue
+        assert isinstance(item, tuple)
+        partition, offset, expires = item
+        try:
+            value = resolve(key, IndexEntry(partition, offset, None, expires), reader)
+        except RecordExpired:
+            continue  # removed by a compaction whose clock saw it expired
+        yield key, value
 
 
 def _values(reader: IndexReader, merged: Iterator[tuple[bytes, bytes | IndexEntry]],

@@ -9,20 +9,30 @@ LMDB errors and damage found are raised as kvlog errors, the damage recorded, as
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator
-from typing import cast
+from typing import Any, cast
 
 import lmdb
 
 from kvlog.index.entry import IndexEntry, decode_entry, entry_damage, index_inline
 from kvlog.index.expiries import expired_entries
 from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key, scan_bounds
+from kvlog.index.memtable import Entry
+from kvlog.index.merged import merged_chunks
 from kvlog.index.pending import find_in_runs_checked, merge_runs, runs_newest_first
 from kvlog.index.runs import Buffer
-from kvlog.index.tree import inline_chunks, overlay, walk_forward, walk_reverse
+from kvlog.index.tree import overlay, walk_forward, walk_reverse
 from kvlog.meta.cache import MetaReader, guard_methods
-from kvlog.meta.env import LmdbEnv
+from kvlog.meta.env import CacheDamage, LmdbEnv
 
-__all__ = ["IndexReader", "runs_pending"]
+__all__ = ["IndexReader", "read_failure", "runs_pending"]
+
+
+def read_failure(reader: MetaReader, error: lmdb.Error | CacheDamage) -> Exception:
+    """The kvlog error to raise for ``error`` met reading through ``reader`` outside its
+    methods, as its methods raise them (the damage recorded)."""
+    if isinstance(error, CacheDamage):
+        return reader.env.damaged(str(error), index_only=error.index_only)
+    return reader.env.failure(error)
 
 
 def runs_pending(reader: MetaReader) -> int:
@@ -144,6 +154,14 @@ class IndexReader(MetaReader):
         assert self._run_cache is not None
         return self._run_cache
 
+    def runless(self) -> bool:
+        """Whether this snapshot is known to have no index runs pending."""
+        return self._run_cache == []
+
+    def no_runs(self) -> None:
+        """Take it as known that this snapshot has no index runs pending (its caller saw so)."""
+        self._run_cache = []
+
     def pin_runs(self) -> bool:
         """Find this snapshot's index runs (if any) as views of the LMDB map, through a second read
         transaction of the same snapshot kept as long as this reader; False if a commit landed
@@ -198,16 +216,15 @@ class IndexReader(MetaReader):
                     continue
                 yield key, entry
 
-    def index_inline_chunks(
-        self, start: bytes | None, stop: bytes | None, prefix: bytes | None
-    ) -> Generator[list[tuple[bytes, bytes]], None, bytes | None]:
-        """Forward scan of ``(key, inline value)`` lists while entries are short keys with inline
-        values; returns None at the end of the range, or the lower bound from which the rest must
-        be read with :meth:`index_scan` (at the first other entry)."""
-        lower, upper = scan_bounds(start, stop, prefix)
-        if lower is not None and upper is not None and lower >= upper:
-            return None
-        if self._runs():
-            return b"" if lower is None else lower  # pending runs: the general path merges them
-        with self.txn.cursor(db=self._db["index"]) as cur:
-            return (yield from inline_chunks(cur, lower, upper))
+    def index_merged_chunks(
+        self, front: list[tuple[bytes, Entry]], lower: bytes | None, upper: bytes | None, now_ms: int
+    ) -> tuple[Generator[tuple[Iterator[tuple[bytes, Any]] | list[tuple[bytes, Any]], bool], None, bytes | None],
+               lmdb.Cursor]:
+        """A forward scan of ``lower <= key < upper`` (short bounds, from
+        :func:`~kvlog.index.keys.scan_bounds`) with the memtable's writes ``front`` (sorted, in
+        the range) over this snapshot's index, in merged chunks (see
+        :func:`kvlog.index.merged.merged_chunks`: it returns None at the end of the range, or
+        the lower bound from which the rest must be read with :meth:`index_scan`), and the
+        cursor it reads, to close after it. What the chunks raise is for :func:`read_failure`."""
+        cur = self.txn.cursor(db=self._db["index"])
+        return merged_chunks(cur, self._runs(), front, lower, upper, now_ms), cur

@@ -3,33 +3,21 @@
 Long keys are stored under their first bytes and a hash (see :mod:`kvlog.index.keys`), so the
 walks here collect each group of long keys sharing their first bytes and sort it by the real
 keys: every walk yields true key order. :func:`overlay` puts the pending runs' entries over the
-B-tree's, and :func:`inline_chunks` is the bulk path of a forward scan while values are inline.
+B-tree's. These are the entry-by-entry path of scans (:mod:`kvlog.index.merged` is the chunked one).
 """
 
 from __future__ import annotations
 
 import operator
-from bisect import bisect_left
-from collections.abc import Generator, Iterator
-from itertools import islice
-from operator import itemgetter
-from typing import TYPE_CHECKING, cast
+from collections.abc import Iterator
 
 import lmdb
 
-from kvlog._native import load
 from kvlog.index.entry import IndexEntry, decode_entry
 from kvlog.index.keys import DIRECT_KEY_BYTES, is_long_encoded
 
-if TYPE_CHECKING:
-    from kvlog.index import _runs
-else:
-    _runs = load("kvlog.index._runs", "kvlog.index._runs_py")
+__all__ = ["overlay", "walk_forward", "walk_reverse"]
 
-__all__ = ["inline_chunks", "overlay", "walk_forward", "walk_reverse"]
-
-_SCAN_CHUNK = 512
-_FIRST = itemgetter(0)
 
 
 def walk_forward(cur: lmdb.Cursor, lower: bytes | None) -> Iterator[tuple[bytes, IndexEntry]]:
@@ -115,50 +103,3 @@ def overlay(indexed: Iterator[tuple[bytes, IndexEntry]], pending: Iterator[tuple
         if ahead[1]:
             yield ahead[0], decode_entry(ahead[0], ahead[1])[1]
         ahead = next(pending, None)
-
-
-def inline_chunks(
-    cur: lmdb.Cursor, lower: bytes | None, upper: bytes | None
-) -> Generator[list[tuple[bytes, bytes]], None, bytes | None]:
-    """Forward walk of the B-tree (no runs pending) from ``lower`` to ``upper`` in
-    ``(key, inline value)`` lists while entries are short keys with inline values; returns None
-    at the end of the range, or the lower bound from which the rest must be read entry by entry
-    (at the first other entry)."""
-    # LMDB keys below ``cut`` are in the range; past a long ``upper``, long keys need their real keys.
-    cut = upper if upper is None or len(upper) <= DIRECT_KEY_BYTES else upper[:DIRECT_KEY_BYTES]
-    found = cur.first() if lower is None else cur.set_range(lower[:DIRECT_KEY_BYTES])
-    if not found:
-        return None
-    entries = cast(Iterator[tuple[bytes, bytes]], cur.iternext())  # buffers=False: bytes
-    first = True
-    while True:
-        raw = list(islice(entries, _SCAN_CHUNK))
-        if not raw:
-            return None
-        if first and lower is not None and len(lower) > DIRECT_KEY_BYTES:
-            return lower  # a long lower bound: the general path finds where to begin
-        first = False
-        done = False
-        if cut is not None and raw[-1][0] >= cut:
-            raw = raw[:bisect_left(raw, cut, key=_FIRST)]
-            done = True
-        try:
-            out = _runs.inline_prefix(raw)  # checked, up to the first other entry
-        except ValueError:
-            for k, v in raw:
-                decode_entry(k, v)  # raises for the damaged entry
-            raise
-        if len(out) != len(raw):
-            at = len(out)
-            if at:
-                yield out
-            key = raw[at][0]
-            # A long key's group: every real key of it is > its first bytes + b"\0".
-            return key[:DIRECT_KEY_BYTES] + b"\x00" if is_long_encoded(key) else key
-        if out:
-            yield out
-        if done:
-            # A long upper bound: keys from its first bytes on are compared in full there.
-            if cut is None or cut == upper:
-                return None
-            return cut if lower is None or lower < cut else lower
