@@ -363,6 +363,7 @@ class Store(StoreMapping):
         out["memtable_keys"] = len(self._index.memtable)
         out["unflushed_bytes"] = flusher.unflushed_bytes if flusher else 0
         out["flushes"] = flusher.flushes if flusher else 0
+        out["records_flushed"] = flusher.records_flushed if flusher else 0
         out["flush_error"] = flusher.last_error if flusher else None
         out["producer_id"] = flusher.producer_id if flusher else None
         out["producer_epoch"] = flusher.epoch if flusher else None

@@ -71,6 +71,9 @@ class Committer:
         #: ``(version, commit id)`` of a head whose link to the commit before it was checked
         #: in storage after it landed: :meth:`verify_head` need not read that commit again.
         self._linked: tuple[int, str] | None = None
+        #: ``(version, commit id)`` of the newest commit this writer created and checked after
+        #: it landed (:meth:`_verify_follows`): the next commit need not read it before writing.
+        self._own_head: tuple[int, str] | None = None
 
     # -- applying ---------------------------------------------------------------------------------
     def apply_landed(self) -> int:
@@ -189,17 +192,21 @@ class Committer:
         with self._commit_lock:
             storage_errors = 0
             last_error: StorageError | None = None
-            for _attempt in range(retries):
+            for attempt in range(retries):
                 if storage_errors:
                     # Back off from a failing backend (not from a lost race): 10 ms doubling to 1 s.
                     _pause(min(0.01 * 2 ** (storage_errors - 1), 1.0))
-                version = the_log.refresh() + 1
+                # The first attempt takes the version after the applied one without asking
+                # storage: if another writer took it, put-if-absent refuses, and the retry reads.
+                version = (the_log.version if attempt == 0 else the_log.refresh()) + 1
                 commit = build(version)
                 done = self.outcome(commit.commit_id)
                 if done is not None:
                     return done
                 try:
-                    previous = self.verify_head(version - 1)
+                    previous = self._checked_own_head(version - 1)
+                    if previous is None:
+                        previous = self.verify_head(version - 1)
                 except StorageError as e:
                     storage_errors += 1
                     last_error = e
@@ -210,19 +217,22 @@ class Committer:
                     self._own[commit.commit_id] = own
                 created = False
                 try:
+                    data = encode_commit(commit)
                     try:
-                        the_log.storage.put_if_absent(name, encode_commit(commit))
+                        the_log.storage.put_if_absent(name, data)
                         self.commits_written += 1
                         created = True
                     except FileExistsError:
-                        pass  # another writer took this version; ours may have landed earlier
+                        the_log.refresh()  # another writer took this version; ours may have landed earlier
                     except StorageError as e:
                         if not self._landed(name, commit.commit_id, e):
                             storage_errors += 1
                             last_error = e
                             continue
                         created = True  # it landed, its answer was lost
-                    the_log.refresh()
+                        the_log.refresh()
+                    else:
+                        self._apply_created(decode_commit(name, data), crc32c(data))
                 finally:
                     self._own.pop(commit.commit_id, None)
                 done = self.outcome(commit.commit_id)
@@ -234,6 +244,37 @@ class Committer:
             if last_error is not None and storage_errors == retries:
                 raise StorageError(f"every commit attempt failed: {last_error}") from last_error
             raise CommitConflictError(f"{retries} attempts lost the race for the next commit version")
+
+    def _checked_own_head(self, version: int) -> str | None:
+        """The id of commit ``version`` when it is the commit this writer created last, checked
+        after it landed, and still the head this cache applied; else None (read it in storage).
+
+        Skipping the read is safe because every commit is checked after it lands
+        (:meth:`_verify_follows` reads the commit it follows): a restore that removed or
+        replaced this head since it was checked is found there, and the commit written on top
+        is taken back before anything is acknowledged.
+        """
+        own = self._own_head
+        if own is None or own[0] != version:
+            return None
+        applied: tuple[int, str, int] | None = self._log.snapshot(lambda r: r.applied_commit())
+        if applied is None or (applied[0], applied[1]) != own:
+            return None
+        return own[1]
+
+    def _apply_created(self, commit: Commit, crc: int) -> None:
+        """Apply ``commit``, which this writer just created (``crc``: the CRC32C of its bytes).
+
+        A put-if-absent that succeeded proves storage holds exactly these bytes at that
+        version: the commit is decoded from them and applied, not read back. If the cache moved on
+        meanwhile (another thread refreshed it from storage), it is caught up as usual.
+        """
+        the_log = self._log
+        with self.apply_lock:
+            if the_log.version == commit.version - 1:
+                self._apply(commit, crc)
+            if the_log.version < commit.version or self.index_stale:
+                the_log.refresh()
 
     def verify_head(self, version: int) -> str | None:
         """Before writing commit ``version + 1``: check that commit ``version``, the newest this
@@ -315,7 +356,7 @@ class Committer:
         except FileNotFoundError:
             follows = self._collected_after(commit, own)
         if follows:
-            self._linked = (commit.version, commit.commit_id)
+            self._linked = self._own_head = (commit.version, commit.commit_id)
             return
         try:
             if decode_commit(own, storage.read(own)).commit_id == commit.commit_id:

@@ -47,9 +47,15 @@ if TYPE_CHECKING:
 else:
     WriteBuffer = load("kvlog.log._writebuffer", "kvlog.log._writebuffer_py").WriteBuffer
 
-__all__ = ["Flusher", "RECORD_OVERHEAD_BYTES", "split_by_partition"]
+__all__ = ["Flusher", "GATHER_S", "RECORD_OVERHEAD_BYTES", "split_by_partition"]
 
 log = logging.getLogger("kvlog.flush")
+
+#: The longest a writer about to lead a durable flush waits for the durable writers the last
+#: flush acknowledged to come back with their next write (see ``Flusher._gather``): a fraction
+#: of one flush (a few milliseconds on local disk, tens on S3), and more than the instant those
+#: writers need to buffer again.
+GATHER_S = 0.002
 
 #: Bytes of memory counted per buffered record on top of its key and value: the Python objects
 #: of the buffer (the key and value objects' headers, the timestamp, three list slots), the
@@ -64,6 +70,7 @@ class _InFlight:
     records: int
     generation: int
     nbytes: int
+    writers: int = 0  # durable writes it carries
 
 
 def split_by_partition(
@@ -132,7 +139,14 @@ class Flusher:
         # One lock for the buffer and the memtable: a write enters both at once.
         self._lock = memtable.lock
         # Wakes the background thread; announces finished flushes to waiting writers.
-        self._wake = threading.Condition(threading.Lock())
+        wake_lock = threading.Lock()
+        self._wake = threading.Condition(wake_lock)
+        # Durable writes buffered and not taken yet (counted with the buffer, under its lock),
+        # how many a leader gathers (see _gather), and the signal of each arrival to it.
+        self._arrived = threading.Condition(wake_lock)
+        self._queued = 0
+        self._expected = 0
+        self._gathering = False
         self._flush_lock = threading.Lock()
         self._leading = False  # a writer leads a flush that other writers wait for
         # The buffer: three columns of records, the bytes they count, and the trigger (buffered
@@ -212,13 +226,15 @@ class Flusher:
             self._memtable.write(records, expiring)
             generation = self._taken + len(self._buf.keys)
             self._buf.buffered_bytes = buffered = self._buf.buffered_bytes + size
+            if sync:
+                self._queued += 1
         if sync or buffered >= self._buf.trigger:
             self._after_write(generation, sync)
 
     def _after_write(self, generation: int, sync: bool) -> None:
         """A durable write, or a buffer past its trigger: flush, wake the flusher, or wait."""
         if sync:
-            self.flush_until(generation)
+            self.flush_until(generation, gather=True)
             return
         with self._lock:
             over = self._buf.buffered_bytes + self._inflight_bytes > self._max_unflushed
@@ -247,13 +263,21 @@ class Flusher:
         self.flush_until(generation)
         return self._log.version
 
-    def flush_until(self, generation: int) -> None:
+    def flush_until(self, generation: int, *, gather: bool = False) -> None:
         """Return once every write up to ``generation`` is durable (flushing as needed).
 
         Group commit: a waiter that finds no flush running leads one, which takes every write
         buffered so far; waiters arriving meanwhile sleep until it ends, and if it did not cover
-        them, one of them leads the next flush for all of them.
+        them, one of them leads the next flush for all of them. With ``gather`` (a durable
+        write) the waiter counts among the durable writers a leader gathers (:meth:`_gather`).
         """
+        if gather:
+            with self._wake:
+                if self._gathering:
+                    self._arrived.notify()
+        self._flush_until(generation, gather)
+
+    def _flush_until(self, generation: int, gather: bool) -> None:
         while True:
             with self._wake:
                 while self._durable < generation and self._leading and self._fatal is None:
@@ -263,6 +287,8 @@ class Flusher:
                 if self._fatal is not None:
                     raise self._fatal
                 self._leading = True
+                if gather:
+                    self._gather()
             try:
                 with self._flush_lock:  # the background thread may hold it: wait, do not spin
                     if self._durable < generation:
@@ -271,6 +297,25 @@ class Flusher:
                 with self._wake:
                     self._leading = False
                     self._wake.notify_all()
+
+    def _gather(self) -> None:
+        """Before leading a flush (under the wake lock): wait, at most :data:`GATHER_S`, until as
+        many durable writes are buffered as there were durable writers when the last flush
+        ended (those it carried, and those that arrived while it ran).
+
+        The writers the last flush acknowledged are on their way back with their next durable
+        write; a flush started at once would leave them to the next one, so each flush would
+        carry about half of the writers. Gathering lets one flush carry them all. The count
+        adapts: a flush that gathered fewer (writers that stopped) expects fewer next time.
+        """
+        if self._queued >= self._expected:
+            return
+        self._gathering = True
+        try:
+            self._arrived.wait_for(
+                lambda: self._queued >= self._expected or self._fatal is not None, GATHER_S)
+        finally:
+            self._gathering = False
 
     def _announce(self) -> None:
         """Wake the writers waiting for a flush (after the flush lock is released)."""
@@ -286,6 +331,7 @@ class Flusher:
             self._buf.buffered_bytes = 0
             self._inflight = None
             self._inflight_bytes = 0
+            self._queued = 0
             self._memtable.discard()
 
     # -- the flush itself -------------------------------------------------------------------------
@@ -302,6 +348,7 @@ class Flusher:
                 return None
             self._buf.keys, self._buf.values, self._buf.stamps = [], [], []
             expiring, self._expiring = self._expiring, []
+            writers, self._queued = self._queued, 0
             self._taken = generation
             self._memtable.freeze()
             self._buf.buffered_bytes = 0
@@ -312,7 +359,7 @@ class Flusher:
             seq = self._next_sequence.get(partition, 0)
             batches.append(PendingBatch(partition, records, seq))
             self._next_sequence[partition] = (seq + records.num_rows) % SEQUENCE_MODULUS
-        self._inflight = _InFlight(batches, len(keys), generation, nbytes)
+        self._inflight = _InFlight(batches, len(keys), generation, nbytes, writers)
         return self._inflight
 
     def _flush_once(self) -> None:
@@ -337,6 +384,7 @@ class Flusher:
             self.flushes += 1
             self.records_flushed += inflight.records
             self.last_error = None
+            self._expected = inflight.writers + self._queued
         # The flush's Arrow copies and encodings were allocated by this thread: hand them back now,
         # or every flushing thread's allocator keeps its own high-water mark.
         release_unused_memory()

@@ -33,9 +33,11 @@ WRITER_SETTINGS = {"flush_interval_ms": 20, "flush_bytes": 64 * 1024, "partition
 _BATCH_KEY = re.compile(r"^r(\d+)-b(\d+)-(\d+)$")
 
 
-def _run_and_kill(root: Root, run: int, kill_after: int, rng: random.Random, log_path: str) -> list[str]:
-    """Start a writer, let it acknowledge ``kill_after`` keys, SIGKILL it, return every acknowledged key."""
-    spec = root.spec(run=run, seed=rng.randrange(2**32), settings=WRITER_SETTINGS)
+def _run_and_kill(root: Root, run: int, kill_after: int, rng: random.Random, log_path: str,
+                  threads: int = 0) -> list[str]:
+    """Start a writer (``threads`` threads of durable puts if given), let it acknowledge
+    ``kill_after`` keys, SIGKILL it, return every acknowledged key."""
+    spec = root.spec(run=run, seed=rng.randrange(2**32), settings=WRITER_SETTINGS, threads=threads)
     with open(log_path, "wb") as errors:
         proc = subprocess.Popen(python_script("writer_proc.py"), env=child_env(spec),
                                 stdout=subprocess.PIPE, stderr=errors)
@@ -120,6 +122,25 @@ def test_sigkill_loses_no_acknowledged_write_local(local_root: Root, tmp_path: o
 @pytest.mark.s3
 def test_sigkill_loses_no_acknowledged_write_s3(s3_store_root: Root, tmp_path: os.PathLike[str]) -> None:
     _recovery_rounds(s3_store_root, tmp_path, rounds=2, seed=2)
+
+
+def test_sigkill_of_sixteen_durable_writers_loses_no_acknowledged_put(
+    local_root: Root, tmp_path: os.PathLike[str],
+) -> None:
+    """16 threads of ``put(sync=True)`` share group commits; the process is killed while they
+    write: every put that returned is there, through the killed writer's cache and a fresh one."""
+    rng = random.Random(3)
+    acked: set[str] = set()
+    for run in range(2):
+        kill_after = rng.randint(200, 400)
+        got = _run_and_kill(local_root, run, kill_after, rng, os.path.join(tmp_path, f"writer-{run}.log"),
+                            threads=16)
+        assert len(got) >= kill_after
+        assert len({key.split("-")[1] for key in got}) == 16  # every thread was acknowledged
+        acked.update(got)
+        own = _verify(local_root, acked, cache=None, read_only=False)
+        fresh = _verify(local_root, acked, cache=f"fresh-{run}", read_only=True)
+        assert own == fresh
 
 
 def test_reopening_never_merges_pending_index_runs(tmp_path: Path) -> None:

@@ -12,6 +12,10 @@ acknowledged (one key per line, line-buffered):
   flush() returns.
 
 Values are a function of the key (:func:`value_for`), so the reader can check them.
+
+With ``"threads": n`` in the spec the process instead runs ``n`` threads, each writing keys
+``r<run>-t<thread>-<n>`` with ``put(..., sync=True)`` and printing each one when its put has
+returned (one ``os.write`` per line: whole lines, however the threads interleave).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import os
 import random
 import sys
+import threading
 import zlib
 
 import kvlog
@@ -43,6 +48,8 @@ def main() -> None:
         **spec.get("settings", {}),
     )
     print("ready")
+    if spec.get("threads"):
+        _sync_threads(store, run, int(spec["threads"]))
     n = 0
     while True:
         n += 1
@@ -62,6 +69,25 @@ def main() -> None:
             store.flush()
         for key in keys:
             print(key)
+
+
+def _sync_threads(store: kvlog.Store, run: int, threads: int) -> None:
+    """``threads`` threads of durable puts, each key printed once its put returned; forever."""
+    out = sys.stdout.fileno()
+
+    def write(thread: int) -> None:
+        n = 0
+        while True:
+            n += 1
+            key = f"r{run}-t{thread:02d}-{n:06d}"
+            store.put(key, value_for(key), sync=True)
+            os.write(out, f"{key}\n".encode())
+
+    workers = [threading.Thread(target=write, args=(t,), daemon=True) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
 
 
 if __name__ == "__main__":
