@@ -9,6 +9,7 @@ whole or not at all (``O_EXCL`` alone could expose a half-written file).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import mmap
@@ -99,8 +100,23 @@ class LocalStorage(Storage):
             n = next(self._tmp_counter)
         return final.with_name(f"{_TMP_MARK}{final.name}.{os.getpid()}.{threading.get_ident()}.{n}")
 
+    def _make_dirs(self, directory: Path) -> None:
+        """Create ``directory`` and its missing parents, each made durable: a new directory's
+        entry lives in its parent, which is fsynced after the creation, so a file created in it
+        and fsynced with its directory cannot lose its path in a crash."""
+        if directory.is_dir():
+            return
+        missing: list[Path] = []
+        while not directory.exists():
+            missing.append(directory)
+            directory = directory.parent
+        for new in reversed(missing):
+            with contextlib.suppress(FileExistsError):  # another writer made it at the same instant
+                new.mkdir()
+            self._sync_dir(new.parent)
+
     def _write_tmp(self, final: Path, data: BytesLike) -> Path:
-        final.parent.mkdir(parents=True, exist_ok=True)
+        self._make_dirs(final.parent)
         tmp = self._tmp_path(final)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -189,7 +205,7 @@ class LocalStorage(Storage):
         temporary file) when it lies on the store's file system; otherwise copies it."""
         final = self._path(name)
         try:
-            final.parent.mkdir(parents=True, exist_ok=True)
+            self._make_dirs(final.parent)
             if self.fsync:
                 fd = os.open(path, os.O_RDONLY)
                 try:
