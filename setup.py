@@ -35,7 +35,7 @@ setup(
         Extension("kvlog.format._columns", sources=["kvlog/format/_columns.c"],
                   depends=["kvlog/_key_order.h", "kvlog/_crc32c.h"], extra_compile_args=COMPILE),
         Extension("kvlog.index._runs", sources=["kvlog/index/_runs.c"],
-                  depends=INDEX_HEADERS, extra_compile_args=COMPILE),
+                  depends=[*INDEX_HEADERS, "kvlog/index/_runs_get.h"], extra_compile_args=COMPILE),
         Extension("kvlog.index._cache_check", sources=["kvlog/index/_cache_check.c"],
                   depends=INDEX_HEADERS, extra_compile_args=COMPILE),
     ],

@@ -21,7 +21,7 @@ MODULES = {
     "kernels": ("kvlog.compaction._kernels", "kvlog.compaction._kernels_py", ["kvlog.compaction.kernels._kernels"]),
     "columns": ("kvlog.format._columns", "kvlog.format._columns_py", ["kvlog.format.columns._columns"]),
     "runs": ("kvlog.index._runs", "kvlog.index._runs_py",
-             ["kvlog.index.runs._runs", "kvlog.index.entry._runs", "kvlog.index.tree._runs"]),
+             ["kvlog.index.runs._runs", "kvlog.index.entry._runs", "kvlog.index.tree._runs", "kvlog.index.reads._runs"]),
     "cache_check": ("kvlog.index._cache_check", "kvlog.index._cache_check_py", ["kvlog.index.entry._cache_check"]),
     "writebuffer": ("kvlog.log._writebuffer", "kvlog.log._writebuffer_py", []),
 }
