@@ -101,7 +101,7 @@ class Store(StoreMapping):
         self.config = log.config
         self._clock = log.clock
         self._index = log.index
-        self._lookup = log.index.lookup
+        self._lookup = log.index.fast_lookup
         self._partitions = log.partitions
         self._max_key = self.config.max_key_bytes
         self._max_record = self.config.max_record_bytes

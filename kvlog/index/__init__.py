@@ -8,6 +8,7 @@ runs to the LMDB B-tree. :class:`KeyIndex` is its interface; the modules hold on
 ``pending``   the runs pending in LMDB: newest first, pinned, merged
 ``tree``      walks of the B-tree, with the runs laid over it
 ``snapshot``  a read snapshot of the catalog and the index together
+``reads``     the read transactions gets reuse while they hold the newest snapshot
 ``scan``      scans of memtable, runs and B-tree merged
 ``merged``    forward scans merged by whole chunks, the B-tree walked in C
 ``many``      reading many keys in one snapshot

@@ -6,6 +6,9 @@
  *   look one key up by binary search; entries lists the (key, value) pairs of a key range. A
  *   run is read in place (an LMDB value in the map), so these copy only what they return.
  * - index values: decode, inline and inline_prefix check an entry's CRC32C and take it apart.
+ * - lmdb_txnid reads the id of an LMDB file's newest commit from its meta pages (a get's check
+ *   that the read transaction it reuses is still the newest snapshot); Getter is the common case
+ *   of a get in one call, with a read transaction reused while it is the newest.
  *
  * Nothing here trusts its input: every offset read from a run or an index value is checked
  * against the buffer before it is followed, and damage raises ValueError. A lookup checks only
@@ -13,6 +16,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -555,6 +559,8 @@ static PyObject *crc32c(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(crc);
 }
 
+#include "_runs_get.h"
+
 static PyMethodDef methods[] = {
     {"build", build, METH_VARARGS, "A run of rows of two binary columns, in key order."},
     {"find", find, METH_VARARGS, "One key's entry in a run, or None."},
@@ -569,6 +575,8 @@ static PyMethodDef methods[] = {
     {"scan_items", scan_items, METH_VARARGS,
      "A scan's checked (key, inline value, data file position or None) items of (key, value) pairs."},
     {"crc32c", crc32c, METH_VARARGS, "The CRC32C of the index's entries, as kvlog computes it in C."},
+    {"lmdb_txnid", (PyCFunction)(void (*)(void))lmdb_txnid, METH_FASTCALL,
+     "The id of the newest commit of an LMDB data file, read from its two meta pages."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -587,7 +595,8 @@ PyMODINIT_FUNC PyInit__runs(void) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddObjectRef(m, "ScanWalk", (PyObject *)&ScanWalkType) < 0) {
+    if (m != NULL && (PyModule_AddObjectRef(m, "ScanWalk", (PyObject *)&ScanWalkType) < 0
+                      || runs_get_init(m) < 0)) {
         Py_CLEAR(m);
     }
     return m;

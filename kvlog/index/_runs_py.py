@@ -8,6 +8,9 @@ layout of an index run, :mod:`kvlog.index.entry` that of an index value.
   copied.
 - index values: :func:`decode`, :func:`inline` and :func:`inline_prefix` check an entry's
   CRC32C and take it apart.
+- :func:`lmdb_txnid` reads the id of an LMDB file's newest commit from its meta pages (a get's
+  check that the read transaction it reuses is still the newest snapshot); :class:`Getter` is
+  the common case of a get in one call, with a read transaction reused while it is the newest.
 
 Nothing here trusts its input: every offset read from a run or an index value is checked
 before it is followed, and damage raises ``ValueError``.
@@ -26,7 +29,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["build", "crc32c", "decode", "entries", "find", "find_first", "inline", "inline_prefix", "scan_items", "ScanWalk"]
+__all__ = ["build", "crc32c", "decode", "entries", "find", "find_first", "inline", "inline_prefix", "lmdb_txnid",
+           "scan_items", "Getter", "ScanWalk"]
 
 #: Any object with the buffer protocol: bytes, memoryview, a numpy array, an Arrow buffer.
 Buffer = Any
@@ -51,6 +55,22 @@ _crc = _crc32c.crc32c
 def crc32c(data: Buffer, value: int = 0, portable: bool = False, /) -> int:
     """The CRC32C of ``data`` continuing from ``value`` (``portable`` changes nothing here)."""
     return int(_crc(memoryview(data).cast("B"), operator.index(value) & 0xFFFFFFFF))
+
+
+#: Where an LMDB meta page holds its transaction id: the page header (16 bytes), then the magic,
+#: version, map address, map size, the two core databases (48 bytes each) and the last page.
+LMDB_TXNID_AT = 144
+_TXNID = struct.Struct("=Q")
+
+
+def lmdb_txnid(meta: Buffer, page_size: int, /) -> int:
+    """The id of the newest commit of an LMDB data file whose first two pages (its meta pages,
+    ``page_size`` bytes each) ``meta`` maps: the larger of their transaction ids."""
+    page = operator.index(page_size)
+    view = memoryview(meta).cast("B")
+    if page < LMDB_TXNID_AT + 8 or page % 8 or len(view) < page + LMDB_TXNID_AT + 8:
+        raise ValueError("not an LMDB file's meta pages")
+    return int(max(_TXNID.unpack_from(view, LMDB_TXNID_AT)[0], _TXNID.unpack_from(view, page + LMDB_TXNID_AT)[0]))
 
 
 def open_entry(lmdb_key: bytes, value: bytes) -> tuple[bytes, int, int, int, bytes | None, int | None] | None:
@@ -497,3 +517,80 @@ def build(key_ends: Buffer, key_data: Buffer, value_ends: Buffer, value_data: Bu
     value_end = np.cumsum([len(v) for v in value_parts], dtype=np.uint64).astype("<u4")
     return b"".join([_HEADER.pack(RUN_MAGIC, n), key_end.tobytes(), value_end.tobytes(), *key_parts,
                      *value_parts])
+
+
+#: Getter's call without a freshness deadline.
+_NO_DEADLINE: Any = object()
+
+
+class Getter:
+    """``KeyIndex.lookup``'s common case in one call (see :mod:`kvlog.index.reads`): a bytes key
+    of at most 480 bytes that the memtable does not hold, before the freshness deadline, in a
+    complete index, read with a pooled read transaction whose snapshot is still the newest
+    (:meth:`watch` names the pool and the data file's meta pages). Every other case, and any
+    error on the way, is ``slow(key, fresh_until)``'s: the Python path, which gives every
+    answer and raises every error. A value not inline in its entry is ``decoded(key, raw)``'s."""
+
+    def __init__(self, memtable: Any, clock: Any, index: Any, slow: Any, decoded: Any, /) -> None:
+        self._memtable = memtable
+        self._clock = clock
+        self._index = index
+        self._slow = slow
+        self._decoded = decoded
+        self._snaps: list[Any] = []
+        self._meta: Buffer | None = None
+        self._page = 0
+
+    def watch(self, snaps: list[Any], meta: Buffer | None, page_size: int, /) -> None:
+        """The pool to take transactions from, and the meta pages to check them against (meta
+        None: none are watched, every get takes the slow path)."""
+        if type(snaps) is not list:
+            raise TypeError("watch() takes a list")
+        self._meta = None
+        self._snaps = snaps
+        if meta is not None:
+            lmdb_txnid(meta, page_size)  # ValueError unless it holds two meta pages
+            self._meta, self._page = meta, operator.index(page_size)
+
+    def _call_slow(self, key: Any, fresh: Any) -> Any:
+        return self._slow(key) if fresh is _NO_DEADLINE else self._slow(key, fresh)
+
+    def __call__(self, key: Any, fresh_until: Any = _NO_DEADLINE, /) -> Any:
+        fresh = fresh_until
+        snaps, meta = self._snaps, self._meta
+        if type(key) is not bytes or not 0 < len(key) <= MAX_DIRECT_KEY or meta is None or not snaps:
+            return self._call_slow(key, fresh)
+        memtable = self._memtable
+        for table in (memtable.front, memtable.frozen):
+            if type(table) is dict:
+                if key in table:
+                    return self._call_slow(key, fresh)
+            elif table is not None:
+                return self._call_slow(key, fresh)
+        if fresh is not _NO_DEADLINE and float(self._clock()) >= float(fresh):
+            return self._call_slow(key, fresh)
+        if self._index._complete is not True:
+            return self._call_slow(key, fresh)
+        try:
+            snap = snaps.pop()
+        except IndexError:
+            return self._call_slow(key, fresh)
+        if type(snap) is not tuple or len(snap) != 3 or type(snap[2]) is not list:
+            return self._call_slow(key, fresh)
+        if snap[0] != lmdb_txnid(meta, self._page):
+            return self._call_slow(key, fresh)  # a commit landed since it began
+        try:
+            raw = find_first(snap[2], key) if snap[2] else None
+            if raw is None:
+                raw = snap[1](key)  # raises if its transaction ended (the map was resized)
+            if raw is None or (type(raw) is bytes and not raw):
+                snaps.append(snap)
+                return None  # no such key, or deleted in a run
+            value = inline(key, raw)
+        except Exception:  # noqa: BLE001 - the slow path reads it again and raises what is wrong
+            return self._call_slow(key, fresh)
+        snaps.append(snap)
+        if value is None:
+            return self._decoded(key, raw)
+        return value
+

@@ -37,7 +37,9 @@ from kvlog.index.entry import (
 from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key
 from kvlog.index.many import ResolveMany, lookup_many
 from kvlog.index.memtable import MemTable, live_value
-from kvlog.index.pending import PinnedRuns, find_in_runs, find_in_runs_checked, runs_newest_first
+from kvlog.index.pending import PinnedRuns, find_in_runs_checked, runs_newest_first
+from kvlog.index.reads import ReadPool, Snap
+from kvlog.index.runs import runs_find
 from kvlog.index.scan import Resolve, scan_pairs
 from kvlog.index.snapshot import IndexReader
 from kvlog.index.view import IndexView
@@ -112,9 +114,19 @@ class KeyIndex:
         self._begin = env.env.begin
         self._index_db = env.dbs["index"]
         self._runs_db = env.dbs["runs"]
-        # The id of the newest LMDB snapshot seen without index runs: the fast path's to read.
-        self._runless_snapshot = -1
         self._pinned_runs = PinnedRuns(env)
+        previous = getattr(self, "_reads", None)
+        if previous is not None:
+            previous.release()
+        #: The read transactions lookups reuse, and the id of the newest commit they check.
+        self._reads = ReadPool(env)
+        self._snaps = self._reads.snaps
+        self._newest = self._reads.newest
+        if previous is None:
+            #: :meth:`lookup` with its common case in one call (``_runs.Getter``): the store's.
+            self.fast_lookup = self._reads.getter(self.memtable, self._monotonic_s, self, self.lookup, self._decoded)
+        else:
+            self._reads.watch(self.fast_lookup)
 
     # -- lookups ----------------------------------------------------------------------------------
     def lookup(self, key: bytes, fresh_until: float = float("inf")) -> bytes | IndexEntry | Stale | None:
@@ -142,45 +154,56 @@ class KeyIndex:
             self._await_rebuild()
         if len(key) > DIRECT_KEY_BYTES:
             return self._read_entry(key)
-        # The common case in one frame: a short key (its own LMDB key), in a read transaction of
-        # its own, the snapshot's pending runs pinned while no commit lands.
+        # The common case in one frame: a short key (its own LMDB key), in a read transaction
+        # reused while no commit has landed since it began (kvlog.index.reads).
+        snaps = self._snaps
+        try:
+            snap = snaps.pop()
+        except IndexError:
+            snap = None
+        if snap is None or snap[0] != self._newest():
+            snap = self._snap()
+            if snap is None:
+                return self._read_entry(key)  # a commit landed meanwhile, or the map grew
+        try:
+            runs = snap[2]
+            raw = runs_find(runs, key) if runs else None  # pending index runs, newest first
+            if raw is None:
+                raw = snap[1](key)
+                if raw is None:
+                    snaps.append(snap)
+                    return None
+            elif not raw:
+                snaps.append(snap)
+                return None  # deleted in a run
+            # Checked against its CRC32C: a damaged entry raises, never returns a value.
+            inline = index_inline(key, raw)
+        except lmdb.Error:
+            return self._read_entry(key)  # its transaction ended (the map was resized): afresh
+        except ValueError:  # raised by the index's checks alone: the key is valid
+            raise index_damage(self._env, key) from None
+        snaps.append(snap)
+        if inline is not None:
+            return inline
+        return self._decoded(key, raw)
+
+    def _snap(self) -> Snap | None:
+        """A read transaction of the newest snapshot, with its pending runs pinned, for
+        :meth:`lookup` to pool; None if a commit landed meanwhile or the map grew."""
         try:
             txn = self._begin(self._index_db)
         except lmdb.MapResizedError:
-            return self._read_entry(key)
+            return None
         except lmdb.Error as e:
             raise self._env.failure(e) from e
-        try:
-            snapshot = txn.id()
-            raw = None
-            if snapshot != self._runless_snapshot:
-                runs = self._pinned_runs.runs(snapshot)
-                if runs is None:
-                    raw = b""  # a commit landed meanwhile: the general path, below
-                elif runs:
-                    raw = find_in_runs(runs, key)  # pending index runs first, newest first
-                    if raw == b"":
-                        return None  # deleted in a run
-                else:
-                    self._runless_snapshot = snapshot
-                    self._pinned_runs.release()
-            if raw is None:
-                raw = txn.get(key)
-                if raw is None:
-                    return None
-            # Checked against its CRC32C: a damaged entry raises, never returns a value.
-            inline = index_inline(key, raw) if raw else None
-        except lmdb.Error as e:
-            raise self._env.failure(e) from e
-        except ValueError:  # raised by the index's checks alone: the key is valid
-            raise index_damage(self._env, key) from None
-        finally:
+        snapshot = txn.id()
+        runs = self._pinned_runs.runs(snapshot)
+        if runs is None:
             txn.abort()
-        if inline is not None:
-            return inline
-        if not raw:
-            return self._read_entry(key)
-        return self._decoded(key, raw)
+            return None
+        if not runs:
+            self._pinned_runs.release()
+        return (snapshot, txn.get, runs)
 
     def _await_complete(self) -> None:
         """Before answering from the index: :meth:`_await_rebuild` unless it is complete."""
@@ -321,11 +344,13 @@ class KeyIndex:
 
     def release(self) -> None:
         """Let go of the snapshot lookups pinned (before the environment closes)."""
+        self._reads.release()
         self._pinned_runs.release()
 
     # -- applying, settling, rebuilding -----------------------------------------------------------
     def applying(self) -> AbstractContextManager[object]:
         """Held while a commit is applied: the lock when it writes the B-tree record by record."""
+        self._reads.release()  # the commit may reuse the pages the pooled snapshots pin
         return self.lock if self.run_limit == 0 else nullcontext()
 
     def settle_due(self, runs: int) -> bool:
@@ -342,6 +367,7 @@ class KeyIndex:
         finally:
             reader.close()
         now_ms = self.now_ms()  # entries expired by then go too: reads hide them anyway
+        self._reads.release()
         with self.lock:
             return int(self._env.write(lambda txn: settle_runs(MetaTxn(self._env, txn), now_ms)))
 

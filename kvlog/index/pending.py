@@ -57,8 +57,13 @@ class PinnedRuns:
     def runs(self, snapshot: int) -> list[Buffer] | None:
         """The runs of LMDB snapshot ``snapshot``; None if it is no longer the newest."""
         pinned = self._pinned
-        if pinned[0] == snapshot:
-            return pinned[2]
+        if pinned[0] == snapshot and pinned[1] is not None:
+            try:
+                pinned[1].id()  # ended when the map was resized, its views with it
+            except lmdb.Error:
+                pass
+            else:
+                return pinned[2]
         try:
             views = self._env.env.begin(buffers=True)
         except lmdb.Error:
