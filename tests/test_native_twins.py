@@ -209,7 +209,6 @@ def test_index_values_decode_equally(key: bytes, partition: int, offset: int, in
     value[at:at + len(patch)] = patch
     same(lambda m: m.runs.decode(key, bytes(value)))
     same(lambda m: m.runs.inline(key, bytes(value)))
-    same(lambda m: m.runs.inline_prefix([(key, encode_index_value(key, 1, 2, b"x")), (key, bytes(value))]))
     same(lambda m: m.runs.crc32c(bytes(value), offset % 2**32))
 
 

@@ -5,7 +5,7 @@
  * - index runs: build packs rows of two Arrow binary columns into a run; find and find_first
  *   look one key up by binary search; entries lists the (key, value) pairs of a key range. A
  *   run is read in place (an LMDB value in the map), so these copy only what they return.
- * - index values: decode, inline and inline_prefix check an entry's CRC32C and take it apart.
+ * - index values: decode and inline check an entry's CRC32C and take it apart.
  * - lmdb_txnid reads the id of an LMDB file's newest commit from its meta pages (a get's check
  *   that the read transaction it reuses is still the newest snapshot); Getter is the common case
  *   of a get in one call, with a read transaction reused while it is the newest.
@@ -107,45 +107,6 @@ static PyObject *inline_of(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyBuffer_Release(&key);
     PyBuffer_Release(&value);
     return result;
-}
-
-/* inline_prefix(pairs: list of (lmdb_key, value)) -> [(key, inline value)] of the leading
- * entries that are short keys with inline values (shorter than pairs: pairs[len] is not one) */
-static PyObject *inline_prefix(PyObject *self, PyObject *arg) {
-    if (!PyList_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "inline_prefix() takes a list of (key, value) pairs");
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(arg);
-    PyObject *out = PyList_New(0);
-    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
-        PyObject *pair = PyList_GET_ITEM(arg, i);
-        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(pair, 0))
-            || !PyBytes_Check(PyTuple_GET_ITEM(pair, 1))) {
-            PyErr_SetString(PyExc_TypeError, "inline_prefix() takes (bytes, bytes) pairs");
-            Py_CLEAR(out);
-            break;
-        }
-        PyObject *key = PyTuple_GET_ITEM(pair, 0), *value = PyTuple_GET_ITEM(pair, 1);
-        Entry e;
-        if (entry_open(PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key),
-                       (const uint8_t *)PyBytes_AS_STRING(value), (size_t)PyBytes_GET_SIZE(value), &e) < 0) {
-            PyErr_SetString(PyExc_ValueError, BAD_ENTRY);
-            Py_CLEAR(out);
-            break;
-        }
-        if (e.inline_value == NULL || (e.flags & (FLAG_LONG | FLAG_EXPIRES))) {
-            break;
-        }
-        PyObject *item = Py_BuildValue("(Oy#)", key, e.inline_value, (Py_ssize_t)e.inline_len);
-        if (item == NULL || PyList_Append(out, item) < 0) {
-            Py_XDECREF(item);
-            Py_CLEAR(out);
-            break;
-        }
-        Py_DECREF(item);
-    }
-    return out;
 }
 
 #include "_scan_walk.h" /* scan_items and ScanWalk: a scan's entries */
@@ -570,8 +531,6 @@ static PyMethodDef methods[] = {
      "An index value checked and taken apart: (key, partition, offset, inline value or None)."},
     {"inline", (PyCFunction)(void (*)(void))inline_of, METH_FASTCALL,
      "An index value checked: its inline value, or None when the value is in a data file."},
-    {"inline_prefix", inline_prefix, METH_O,
-     "The checked (key, inline value) pairs of the leading short-key inline entries of a list."},
     {"scan_items", scan_items, METH_VARARGS,
      "A scan's checked (key, inline value, data file position or None) items of (key, value) pairs."},
     {"crc32c", crc32c, METH_VARARGS, "The CRC32C of the index's entries, as kvlog computes it in C."},

@@ -6,7 +6,7 @@ layout of an index run, :mod:`kvlog.index.entry` that of an index value.
   and :func:`find_first` look one key up by binary search; :func:`entries` lists the pairs of
   a key range. A run is read in place (a view of an LMDB value): only what is returned is
   copied.
-- index values: :func:`decode`, :func:`inline` and :func:`inline_prefix` check an entry's
+- index values: :func:`decode` and :func:`inline` check an entry's
   CRC32C and take it apart.
 - :func:`lmdb_txnid` reads the id of an LMDB file's newest commit from its meta pages (a get's
   check that the read transaction it reuses is still the newest snapshot); :class:`Getter` is
@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["build", "crc32c", "decode", "entries", "find", "find_first", "inline", "inline_prefix", "lmdb_txnid",
+__all__ = ["build", "crc32c", "decode", "entries", "find", "find_first", "inline", "lmdb_txnid",
            "scan_items", "Getter", "ScanWalk"]
 
 #: Any object with the buffer protocol: bytes, memoryview, a numpy array, an Arrow buffer.
@@ -131,27 +131,6 @@ def inline(lmdb_key: Buffer, value: Buffer, /) -> bytes | None:
     if entry is None:
         raise ValueError(BAD_ENTRY)
     return None if entry[3] & FLAG_EXPIRES else entry[4]
-
-
-def inline_prefix(pairs: list[tuple[bytes, bytes]], /) -> list[tuple[bytes, bytes]]:
-    """The checked (key, inline value) pairs of the leading entries of ``pairs`` that are short
-    keys with inline values."""
-    if not isinstance(pairs, list):
-        raise TypeError("inline_prefix() takes a list of (key, value) pairs")
-    out: list[tuple[bytes, bytes]] = []
-    for pair in pairs:
-        if (not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], bytes)
-                or not isinstance(pair[1], bytes)):
-            raise TypeError("inline_prefix() takes (bytes, bytes) pairs")
-        key, value = pair
-        entry = open_entry(bytes(key), bytes(value))
-        if entry is None:
-            raise ValueError(BAD_ENTRY)
-        inline_value = entry[4]
-        if inline_value is None or entry[3] & (FLAG_LONG | FLAG_EXPIRES):
-            break
-        out.append((key, inline_value))
-    return out
 
 
 def scan_items(pairs: list[tuple[bytes, bytes]], now_ms: int, keep_hidden: bool, /

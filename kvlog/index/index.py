@@ -115,6 +115,8 @@ class KeyIndex:
         self._index_db = env.dbs["index"]
         self._runs_db = env.dbs["runs"]
         self._pinned_runs = PinnedRuns(env)
+        # The id of the newest LMDB snapshot seen without index runs: a scan of it reads no runs.
+        self._runless_snapshot = -1
         previous = getattr(self, "_reads", None)
         if previous is not None:
             previous.release()

@@ -192,15 +192,13 @@ def test_index_value_functions_take_any_bytes(native: Native, key: bytes, value:
     if data.draw(st.booleans()):
         value = data.draw(damaged(encode_index_value(key or b"k", 1, 2, data.draw(st.none() | st.binary(max_size=9)))))
     for call in (lambda: native.runs.decode(key, value), lambda: native.runs.inline(key, value),
-                 lambda: native.runs.inline(memoryview(key), bytearray(value)),
-                 lambda: native.runs.inline_prefix([(key, value), (key, value)])):
+                 lambda: native.runs.inline(memoryview(key), bytearray(value))):
         try:
             call()
         except ValueError:
             pass
     for call in (lambda: native.runs.inline(key), lambda: native.runs.decode(key, value, key),  # type: ignore[call-arg]
-                 lambda: native.runs.inline(None, value), lambda: native.runs.inline_prefix([(key,)]),  # type: ignore[list-item]
-                 lambda: native.runs.inline_prefix((key, value)), lambda: native.runs.inline_prefix([key])):  # type: ignore[arg-type, list-item]
+                 lambda: native.runs.inline(None, value)):
         with pytest.raises(TypeError):
             call()
 

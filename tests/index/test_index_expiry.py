@@ -63,12 +63,6 @@ def test_a_run_with_expiries_holds_the_encoders_entries(inputs: tuple) -> None:
     assert len(run_entries(run, None, None, 100)) == n
 
 
-def test_the_scan_fast_path_stops_at_an_expiring_entry() -> None:
-    pairs = [(b"a", encode_index_value(b"a", 0, 1, b"1")), (b"b", encode_index_value(b"b", 0, 2, b"2", 50)),
-             (b"c", encode_index_value(b"c", 0, 3, b"3"))]
-    assert entry_module._runs.inline_prefix(pairs) == [(b"a", b"1")]
-
-
 @pytest.mark.parametrize("key", [b"k", b"L" * 600])
 def test_every_flipped_byte_of_an_expiring_entry_is_damage(key: bytes) -> None:
     value = encode_index_value(key, 2, 77, b"val", 1_700_000_000_100)
