@@ -47,6 +47,8 @@ def to_keys(keys: Iterable[bytes | str]) -> list[bytes]:
 
 def key_bound(value: bytes | str) -> bytes:
     """A scan bound or prefix as bytes, or ``InvalidRecordError``."""
+    if type(value) is bytes:
+        return value
     if isinstance(value, str):
         try:
             return value.encode("utf-8")
