@@ -168,12 +168,13 @@ def merged_chunks(
         fills: list[_Fill] = []
         if front:
             fills.append(_memtable_source(front, now_ms))
-        fills.extend(_run_source(run, lower, upper, now_ms) for run in runs)
-        overlay = _overlay_chunks(fills)
+        for run in runs:
+            fills.append(_run_source(run, lower, upper, now_ms))
+        overlay = _overlay_chunks(fills) if fills else None
         found = cur.first() if lower is None else cur.set_range(lower)
         # The reader's transaction makes bytes, never buffers.
         source = cast(Iterator[tuple[bytes, bytes]], cur.iternext()) if found else None
-        chunk = next(overlay, None) if fills else None
+        chunk = None if overlay is None else next(overlay, None)
         pairs, pairs_done = ([], True) if chunk is None else (chunk, False)
         at = 0
         held: tuple[bytes, bytes] | None = None
@@ -194,7 +195,7 @@ def merged_chunks(
                 raise walk.error
             source, at, held, upper, resume = walk.source, walk.at, walk.held, walk.upper, walk.resume
             if state == _REFILL:
-                chunk = next(overlay, None)
+                chunk = None if overlay is None else next(overlay, None)
                 pairs, pairs_done = ([], True) if chunk is None else (chunk, False)
                 at = 0
             elif state == _TREE:
