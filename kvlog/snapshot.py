@@ -47,6 +47,8 @@ def to_keys(keys: Iterable[bytes | str]) -> list[bytes]:
 
 def key_bound(value: bytes | str) -> bytes:
     """A scan bound or prefix as bytes, or ``InvalidRecordError``."""
+    if type(value) is bytes:
+        return value
     if isinstance(value, str):
         try:
             return value.encode("utf-8")
@@ -83,19 +85,22 @@ class OpenScans:
     def __init__(self, closed: Callable[[], bool], message: str) -> None:
         self._closed = closed
         self._message = message
-        self._scans: weakref.WeakSet[_Scan] = weakref.WeakSet()
+        # The scans started and not ended: each joins at its first step and leaves when it ends
+        # or is abandoned (its generator closed), so a scan never started costs nothing here.
+        self._scans: set[_Scan] = set()
 
     def items(self, parts: Iterator[list[tuple[bytes, bytes]] | Iterator[tuple[bytes, bytes]]]
               ) -> Iterator[tuple[bytes, bytes]]:
         """The pairs of ``parts`` until closed, then :class:`StoreClosedError` (whatever the
         closed snapshot or storage would have raised)."""
-        scan = _Scan()
-        self._scans.add(scan)
-        return chain.from_iterable(self._parts(scan, parts))
+        return chain.from_iterable(self._parts(parts))
 
-    def _parts(self, scan: _Scan, parts: Iterator[list[tuple[bytes, bytes]] | Iterator[tuple[bytes, bytes]]]
+    def _parts(self, parts: Iterator[list[tuple[bytes, bytes]] | Iterator[tuple[bytes, bytes]]]
                ) -> Iterator[list[tuple[bytes, bytes]] | Iterator[tuple[bytes, bytes]]]:
         closed = self._closed
+        scan = _Scan()
+        scans = self._scans
+        scans.add(scan)
         try:
             while not closed():  # never reads a closed store's storage for the next part
                 part = next(parts, None)
@@ -115,6 +120,8 @@ class OpenScans:
         except Exception:
             if not closed():
                 raise
+        finally:
+            scans.discard(scan)
         raise StoreClosedError(self._message)
 
     def _iterated(self, part: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:

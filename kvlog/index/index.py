@@ -269,16 +269,23 @@ class KeyIndex:
         env = self._env
         now_ms = self.now_ms()
         for _attempt in range(4):
-            reader = IndexReader(env, env.read(), now_ms)
-            if reader.txn.id() == self._runless_snapshot:
-                reader.no_runs()  # a snapshot seen without runs: no need to look again
-                return reader
-            if reader.pin_runs():  # its index runs read in place, not copied
-                if reader.runless():
-                    self._runless_snapshot = reader.txn.id()
+            txn = env.read()
+            try:
+                snapshot = txn.id()
+                if snapshot == self._runless_snapshot:
+                    return IndexReader(env, txn, now_ms, [])  # seen without runs: no need to look again
+                # Its index runs read in place, not copied, through the pin shared with lookups.
+                pinned = self._pinned_runs.pinned(snapshot)
+            except lmdb.Error as e:
+                txn.abort()
+                raise env.failure(e) from e
+            if pinned is not None:
+                if not pinned[2]:
+                    self._runless_snapshot = snapshot
                     self._pinned_runs.release()
-                return reader
-            reader.close()  # a commit landed in between: take the newer snapshot
+                    return IndexReader(env, txn, now_ms, [])
+                return IndexReader(env, txn, now_ms, pinned[2], pinned)
+            txn.abort()  # a commit landed in between: take the newer snapshot
         return IndexReader(env, env.read(), now_ms)
 
     def scan(self, start: bytes | None, stop: bytes | None, prefix: bytes | None, reverse: bool,

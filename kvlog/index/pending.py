@@ -56,6 +56,13 @@ class PinnedRuns:
 
     def runs(self, snapshot: int) -> list[Buffer] | None:
         """The runs of LMDB snapshot ``snapshot``; None if it is no longer the newest."""
+        pinned = self.pinned(snapshot)
+        return None if pinned is None else pinned[2]
+
+    def pinned(self, snapshot: int) -> tuple[int, lmdb.Transaction | None, list[Buffer]] | None:
+        """``(snapshot, the transaction keeping the views valid, the runs newest first)`` of LMDB
+        snapshot ``snapshot``, to hold as long as the runs are read; None if it is no longer the
+        newest."""
         pinned = self._pinned
         if pinned[0] == snapshot and pinned[1] is not None:
             try:
@@ -63,7 +70,7 @@ class PinnedRuns:
             except lmdb.Error:
                 pass
             else:
-                return pinned[2]
+                return pinned
         try:
             views = self._env.env.begin(buffers=True)
         except lmdb.Error:
@@ -71,9 +78,9 @@ class PinnedRuns:
         if views.id() != snapshot:
             views.abort()
             return None
-        runs = runs_newest_first(views, self._db)
-        self._pinned = (snapshot, views, runs)
-        return runs
+        pinned = (snapshot, views, runs_newest_first(views, self._db))
+        self._pinned = pinned
+        return pinned
 
     def release(self) -> None:
         """Let the pinned snapshot go (its pages can be reused)."""

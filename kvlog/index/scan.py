@@ -12,13 +12,14 @@ merge entry by entry.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import cast
 
 import lmdb
 
 from kvlog.index.entry import IndexEntry, RecordExpired
 from kvlog.index.keys import DIRECT_KEY_BYTES, scan_bounds
 from kvlog.index.memtable import Entry, live_value
-from kvlog.index.merged import Item
+from kvlog.index.merged import Item, ScanHooks
 from kvlog.index.snapshot import IndexReader, read_failure
 from kvlog.meta.env import CacheDamage
 
@@ -76,30 +77,39 @@ def scan_pairs(
     iterators), hiding the records expired at ``now_ms`` (the reader's own time); ``reader`` is
     closed when the parts end or are abandoned, unless ``close`` is False (a read view's reader,
     which outlives its scans)."""
+    if not reverse:
+        lo, hi = scan_bounds(lower, upper, prefix)
+        if (lo is None or len(lo) <= DIRECT_KEY_BYTES) and (hi is None or len(hi) <= DIRECT_KEY_BYTES):
+            if lo is not None and hi is not None and lo >= hi:
+                if close:
+                    reader.close()
+                return iter(())
+
+            def rest(resume: bytes) -> Iterator[tuple[bytes, bytes]]:
+                # A long key in the B-tree: the rest entry by entry, from where the walks stopped.
+                ahead = [p for p in front if p[0] >= resume]
+                return _values(reader, merge_sorted(reader.index_scan(resume, upper, prefix, False), ahead,
+                                                    reverse=False, now_ms=now_ms), resolve)
+
+            hooks = ScanHooks(lambda chunk: _resolving(reader, chunk, resolve), rest,
+                              lambda error: read_failure(reader, cast(lmdb.Error | CacheDamage, error)),
+                              reader.close if close else None)
+            try:
+                return reader.index_merged_chunks(front, lo, hi, now_ms, hooks)
+            except BaseException:
+                if close:
+                    reader.close()
+                raise
+    return _entry_by_entry(reader, front, lower, upper, prefix, reverse, resolve, now_ms, close)
+
+
+def _entry_by_entry(
+    reader: IndexReader, front: list[tuple[bytes, Entry]], lower: bytes | None,
+    upper: bytes | None, prefix: bytes | None, reverse: bool, resolve: Resolve, now_ms: int,
+    close: bool,
+) -> Iterator[Iterator[tuple[bytes, bytes]]]:
+    """:func:`scan_pairs` merged entry by entry (a reverse scan, or long bounds)."""
     try:
-        if not reverse:
-            lo, hi = scan_bounds(lower, upper, prefix)
-            if (lo is None or len(lo) <= DIRECT_KEY_BYTES) and (hi is None or len(hi) <= DIRECT_KEY_BYTES):
-                if lo is not None and hi is not None and lo >= hi:
-                    return
-                chunks, cur = reader.index_merged_chunks(front, lo, hi, now_ms)
-                try:
-                    while True:
-                        chunk, resolving = next(chunks)
-                        yield _resolving(reader, chunk, resolve) if resolving else chunk
-                except StopIteration as end:
-                    resume: bytes | None = end.value
-                except (lmdb.MapFullError, lmdb.MapResizedError):
-                    raise
-                except (lmdb.Error, CacheDamage) as e:
-                    raise read_failure(reader, e) from (e if isinstance(e, lmdb.Error) else None)
-                finally:
-                    chunks.close()
-                    cur.close()  # before the reader's transaction ends
-                if resume is None:
-                    return
-                # A long key in the B-tree: the rest entry by entry, from where the chunks stopped.
-                lower, front = resume, [p for p in front if p[0] >= resume]
         yield _values(reader, merge_sorted(reader.index_scan(lower, upper, prefix, reverse), front,
                                            reverse=reverse, now_ms=now_ms), resolve)
     finally:

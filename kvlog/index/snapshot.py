@@ -8,8 +8,8 @@ LMDB errors and damage found are raised as kvlog errors, the damage recorded, as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator
-from typing import Any, cast
+from collections.abc import Callable, Iterator
+from typing import cast
 
 import lmdb
 
@@ -17,7 +17,7 @@ from kvlog.index.entry import IndexEntry, decode_entry, entry_damage, index_inli
 from kvlog.index.expiries import expired_entries
 from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key, scan_bounds
 from kvlog.index.memtable import Entry
-from kvlog.index.merged import merged_chunks
+from kvlog.index.merged import ScanHooks, merged_chunks
 from kvlog.index.pending import find_in_runs_checked, merge_runs, runs_newest_first
 from kvlog.index.runs import Buffer
 from kvlog.index.tree import overlay, walk_forward, walk_reverse
@@ -47,10 +47,14 @@ class IndexReader(MetaReader):
     With ``now_ms`` the index hides the entries of records expired at that time: :meth:`index_get`
     answers None for them and :meth:`index_scan` skips them (None: every entry, as stored)."""
 
-    def __init__(self, env: LmdbEnv, txn: lmdb.Transaction, now_ms: int | None = None) -> None:
+    def __init__(self, env: LmdbEnv, txn: lmdb.Transaction, now_ms: int | None = None,
+                 runs: list[Buffer] | None = None, runs_held: object = None) -> None:
         super().__init__(env, txn)
         self.now_ms = now_ms
-        self._run_cache: list[Buffer] | None = None
+        #: The snapshot's runs when the caller knows them (views kept valid by ``runs_held``,
+        #: another reader's transaction of the same snapshot, held as long as this reader).
+        self._run_cache: list[Buffer] | None = runs
+        self._run_held = runs_held
         self._run_views: lmdb.Transaction | None = None
 
     def close(self) -> None:
@@ -60,6 +64,7 @@ class IndexReader(MetaReader):
             self._run_views.abort()
             self._run_views = None
         self._run_cache = None
+        self._run_held = None
 
     def index_get(self, key: bytes) -> IndexEntry | None:
         """``key``'s entry: the newest pending run's, else the B-tree's (None: no entry, or its
@@ -217,14 +222,12 @@ class IndexReader(MetaReader):
                 yield key, entry
 
     def index_merged_chunks(
-        self, front: list[tuple[bytes, Entry]], lower: bytes | None, upper: bytes | None, now_ms: int
-    ) -> tuple[Generator[tuple[Iterator[tuple[bytes, Any]] | list[tuple[bytes, Any]], bool], None, bytes | None],
-               lmdb.Cursor]:
+        self, front: list[tuple[bytes, Entry]], lower: bytes | None, upper: bytes | None, now_ms: int,
+        hooks: ScanHooks,
+    ) -> Iterator[Iterator[tuple[bytes, bytes]]]:
         """A forward scan of ``lower <= key < upper`` (short bounds, from
         :func:`~kvlog.index.keys.scan_bounds`) with the memtable's writes ``front`` (sorted, in
-        the range) over this snapshot's index, in merged chunks (see
-        :func:`kvlog.index.merged.merged_chunks`: it returns None at the end of the range, or
-        the lower bound from which the rest must be read with :meth:`index_scan`), and the
-        cursor it reads, to close after it. What the chunks raise is for :func:`read_failure`."""
+        the range) over this snapshot's index, in parts (see
+        :func:`kvlog.index.merged.merged_chunks`, which closes its cursor when they end)."""
         cur = self.txn.cursor(db=self._db["index"])
-        return merged_chunks(cur, self._runs(), front, lower, upper, now_ms), cur
+        return merged_chunks(cur, self._runs(), front, lower, upper, now_ms, hooks)
