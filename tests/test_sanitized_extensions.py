@@ -28,12 +28,14 @@ EXTENSIONS = {
     "kvlog/format/_columns": "kvlog/format/_columns.c",
     "kvlog/index/_runs": "kvlog/index/_runs.c",
     "kvlog/index/_cache_check": "kvlog/index/_cache_check.c",
+    "kvlog/index/_merge": "kvlog/index/_merge.c",
 }
 #: The tests that call the extensions (the other format tests are Python and pyarrow alone).
 TESTS = [
     "tests/format/test_columns.py", "tests/format/test_latest_rows.py", "tests/index/test_index_run_format.py",
     "tests/format/test_fuzz_extensions.py", "tests/format/test_fuzz_decoders.py",
     "tests/compaction/test_offset_map.py", "tests/log/test_writebuffer.py",
+    "tests/index/test_settle_merge.py", "tests/index/test_merged_scan.py", "tests/index/test_reused_reads.py",
 ]
 
 

@@ -204,11 +204,12 @@ static PyObject *walk_next(ScanWalk *self) {
                 } else if (PyBytes_GET_SIZE(key) > MAX_DIRECT_KEY) {
                     /* A long key's group: every real key of it is > its first bytes + b"\0". */
                     PyObject *bound = PyBytes_FromStringAndSize(NULL, MAX_DIRECT_KEY + 1);
-                    Py_DECREF(pair);
                     if (bound == NULL) {
+                        Py_DECREF(pair);
                         return walk_fail(self);
                     }
                     memcpy(PyBytes_AS_STRING(bound), PyBytes_AS_STRING(key), MAX_DIRECT_KEY);
+                    Py_DECREF(pair); /* key was borrowed from it */
                     PyBytes_AS_STRING(bound)[MAX_DIRECT_KEY] = 0;
                     Py_XSETREF(self->resume, bound);
                     Py_XSETREF(self->upper, Py_NewRef(bound));
