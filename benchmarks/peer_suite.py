@@ -21,10 +21,10 @@ import gc
 import hashlib
 import shutil
 import tempfile
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -36,7 +36,15 @@ from benchmarks.data import KEY_BYTES, VALUE_BYTES, make_keys, make_values
 from benchmarks.machine import machine_info
 from benchmarks.peers import KvlogPeer, LmdbPeer, Peer, RocksdictPeer, SqlitePeer, settle_index
 from benchmarks.report import save_results
-from benchmarks.suite import Progress, failed_entry, make_entry, measurement, quiesce
+from benchmarks.suite import (
+    Progress,
+    failed_entry,
+    load_average,
+    make_entry,
+    measurement,
+    quiesce,
+    run_step,
+)
 from benchmarks.ycsb import (
     MAX_SCAN_LENGTH,
     WORKLOADS,
@@ -630,7 +638,7 @@ def run_peer_benchmarks(
     entries: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="kvlog-bench-peers-", dir=work_dir))
     info = machine_info(work)
-    info["load_average_start"] = _load_average()
+    info["load_average_start"] = load_average()
     try:
         with Progress(len(chosen), progress) as bar:
             ctx = PeerContext(settings, work, bar)
@@ -639,23 +647,13 @@ def run_peer_benchmarks(
                     if step_id not in chosen:
                         continue
                     bar.describe(title)
-                    try:
-                        produced = fn(ctx)
-                    except Exception as e:
-                        entry = _failed(step_id, title, "error", f"{type(e).__name__}: {e}")
-                        entry["traceback"] = traceback.format_exc()
-                        entries.append(entry)
-                    else:
-                        for entry in produced if isinstance(produced, list) else [produced]:
-                            entry["load_average"] = _load_average()
-                            entries.append(entry)
-                    gc.collect()
+                    entries += run_step(partial(fn, ctx), partial(_failed, step_id, title, "error"))
                     bar.advance()
             finally:
                 ctx.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    info["load_average_end"] = _load_average()
+    info["load_average_end"] = load_average()
     document: dict[str, Any] = {
         "schema": SCHEMA, "title": "kvlog against its peers", "mode": settings.mode, "date": started.isoformat(timespec="seconds"),
         "wall_seconds": perf_counter() - began, "machine": info,
@@ -668,15 +666,6 @@ def run_peer_benchmarks(
         name = "peers.json" if settings.mode == "full" else f"peers-{settings.mode}.json"
         save_results(document, Path(out_dir) / name)
     return document
-
-
-def _load_average() -> list[float] | None:
-    import os
-
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:  # pragma: no cover - not available
-        return None
 
 
 def peer_settings_for(mode: str, **overrides: Any) -> PeerSettings:

@@ -41,6 +41,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -621,7 +622,7 @@ def bench_log_s3(ctx: Context) -> list[dict[str, Any]]:
         f"kvlog.testing.SeaweedServer), one thread, time-bounded runs of {s.durable_seconds:g} s, "
         f"a new store prefix and LMDB cache per run, kvlog and anchor runs alternating. A kvlog "
         f"flush is one PUT of the data file, "
-        f"one conditional PUT of the commit, and GETs to refresh the commit log. Anchor: raw "
+        f"one conditional PUT of the commit and one GET of the commit it follows. Anchor: raw "
         f"obstore.put of a 1 KiB object with mode='create' (If-None-Match: *), one after the "
         f"other, to the same server through a separate obstore client."
     )
@@ -930,9 +931,10 @@ def bench_store_gets(ctx: Context) -> dict[str, Any]:
         f"{n:,} gets of every key in a random permutation (numpy default_rng), on the store and "
         f"the LMDB environment left by the last puts run (all records flushed; kvlog's values of "
         f"<= inline_value_bytes are inlined in its LMDB key index). kvlog: store.get(key), which "
-        f"checks the memtable, then opens a read snapshot of its LMDB cache. Anchors: py-lmdb "
+        f"checks the memtable, then reads its LMDB cache in a read transaction it reuses while "
+        f"that is the newest snapshot. Anchors: py-lmdb "
         f"txn.get in one read transaction for all gets (the goal's anchor); py-lmdb with a new read "
-        f"transaction per get (what each kvlog get does); dict.get on a dict of the same records. "
+        f"transaction per get; dict.get on a dict of the same records. "
         f"Each loop counts missing keys (none allowed). Latencies: the first "
         f"{len(sample):,} keys of the permutation, each get timed alone."
     )
@@ -1241,12 +1243,30 @@ STEPS: list[Step] = [
 ]
 
 
-def _load_average() -> list[float] | None:
+def load_average() -> list[float] | None:
     """The 1, 5 and 15 minute load averages: other work on the machine skews every figure."""
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:  # pragma: no cover - not available
         return None
+
+
+def run_step(measure: Callable[[], dict[str, Any] | list[dict[str, Any]]],
+             failed: Callable[[str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The entries of one benchmark step, each stamped with the load average; a step that
+    raises gives ``failed(detail)`` with its traceback, and the suite goes on."""
+    try:
+        produced = measure()
+    except Exception as e:
+        entry = failed("".join(traceback.format_exception_only(type(e), e)).strip())
+        entry["traceback"] = traceback.format_exc()
+        return [entry]
+    finally:
+        gc.collect()
+    entries = produced if isinstance(produced, list) else [produced]
+    for entry in entries:
+        entry["load_average"] = load_average()
+    return entries
 
 
 def _seaweed_available() -> str | None:
@@ -1293,7 +1313,7 @@ def run_suite(
     with _work_dir(work_dir, keep) as work, Progress(len(steps), progress) as bar:
         ctx = Context(settings, work, bar)
         info = machine_info(work)
-        info["load_average_start"] = _load_average()
+        info["load_average_start"] = load_average()
         try:
             for step_id, group, issue, title, fn in steps:
                 bar.describe(title)
@@ -1303,23 +1323,12 @@ def run_suite(
                         entries.append(failed_entry(sub, group, issue, title, "skipped", s3_missing))
                     bar.advance()
                     continue
-                try:
-                    produced = fn(ctx)
-                except Exception as e:
-                    detail = "".join(traceback.format_exception_only(type(e), e)).strip()
-                    entry = failed_entry(step_id, group, issue, title, "error", detail)
-                    entry["traceback"] = traceback.format_exc()
-                    entries.append(entry)
-                else:
-                    for entry in produced if isinstance(produced, list) else [produced]:
-                        entry["load_average"] = _load_average()
-                        entries.append(entry)
-                gc.collect()
+                entries += run_step(partial(fn, ctx), partial(failed_entry, step_id, group, issue, title, "error"))
                 bar.advance()
         finally:
             ctx.close()
     config = kvlog.StoreConfig.from_settings(None, **settings.store_settings).to_dict()
-    info["load_average_end"] = _load_average()
+    info["load_average_end"] = load_average()
     return {
         "schema": SCHEMA,
         "mode": settings.mode,
