@@ -50,12 +50,12 @@ static PyObject *lmdb_txnid(PyObject *self, PyObject *const *args, Py_ssize_t na
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *memtable, *clock, *index, *slow, *decoded, *snaps, *meta;
+    PyObject *memtable, *clock, *index, *slow, *decoded, *snaps, *meta, *gate, *inside;
     Py_buffer view;
     Py_ssize_t page;
 } Getter;
 
-static PyObject *s_front, *s_frozen, *s_complete;
+static PyObject *s_front, *s_frozen, *s_complete, *s_epoch;
 
 static PyObject *getter_slow(Getter *g, PyObject *key, PyObject *fresh) {
     PyObject *args[2] = {key, fresh};
@@ -95,6 +95,116 @@ static int getter_in_memtable(Getter *g, PyObject *key) {
     return 0;
 }
 
+/* What getter_pooled found. */
+enum { POOLED_VALUE, POOLED_DECODE, POOLED_SLOW, POOLED_SLOW_ON_ERROR, POOLED_ERROR };
+
+/* The lookup of key in a pooled transaction, inside the map's gate: POOLED_VALUE with *value
+ * (None: no such key, or deleted; *raw set too, or None), POOLED_DECODE with *raw (a value not
+ * inline), POOLED_SLOW (the slow path answers), POOLED_SLOW_ON_ERROR (an exception is set: the
+ * slow path answers if it is an Exception) or POOLED_ERROR. Never calls out of the gate. */
+static int getter_pooled(Getter *g, PyObject *key, PyObject **raw_out, PyObject **value_out) {
+    /* Take a pooled transaction (the list's last): this call alone uses it until it goes back. */
+    Py_ssize_t n = PyList_GET_SIZE(g->snaps);
+    if (n == 0) {
+        return POOLED_SLOW;
+    }
+    PyObject *epoch = PyObject_GetAttr(g->gate, s_epoch);
+    if (epoch == NULL) {
+        return POOLED_ERROR;
+    }
+    long long e = PyLong_AsLongLong(epoch);
+    Py_DECREF(epoch);
+    if (e == -1 && PyErr_Occurred()) {
+        return POOLED_ERROR;
+    }
+    if (e & 1) {
+        return POOLED_SLOW; /* a resize is under way */
+    }
+    PyObject *snap = Py_NewRef(PyList_GET_ITEM(g->snaps, n - 1));
+    if (PyList_SetSlice(g->snaps, n - 1, n, NULL) < 0) {
+        Py_DECREF(snap);
+        return POOLED_ERROR;
+    }
+    if (!PyTuple_CheckExact(snap) || PyTuple_GET_SIZE(snap) != 4 || !PyList_CheckExact(PyTuple_GET_ITEM(snap, 2))
+        || !PyLong_CheckExact(PyTuple_GET_ITEM(snap, 3))) {
+        Py_DECREF(snap);
+        return POOLED_SLOW;
+    }
+    long long id = PyLong_AsLongLong(PyTuple_GET_ITEM(snap, 0));
+    if (id == -1 && PyErr_Occurred()) {
+        Py_DECREF(snap);
+        return POOLED_ERROR;
+    }
+    if (id != getter_newest(g)) {
+        Py_DECREF(snap); /* a commit landed since it began: the slow path takes the newer one */
+        return POOLED_SLOW;
+    }
+    long long tag = PyLong_AsLongLong(PyTuple_GET_ITEM(snap, 3));
+    if (tag == -1 && PyErr_Occurred()) {
+        Py_DECREF(snap);
+        return POOLED_ERROR;
+    }
+    if (tag != e) {
+        Py_DECREF(snap); /* its transaction and views died with a resize of the map */
+        return POOLED_SLOW;
+    }
+    PyObject *runs = PyTuple_GET_ITEM(snap, 2), *raw = NULL;
+    if (PyList_GET_SIZE(runs) > 0) {
+        PyObject *pair = PyTuple_Pack(2, runs, key);
+        if (pair == NULL) {
+            Py_DECREF(snap);
+            return POOLED_ERROR;
+        }
+        raw = find_first(NULL, pair);
+        Py_DECREF(pair);
+        if (raw == Py_None) {
+            Py_CLEAR(raw);
+        } else if (raw == NULL) {
+            Py_DECREF(snap);
+            return POOLED_SLOW_ON_ERROR; /* a damaged run: the slow path says so */
+        }
+    }
+    if (raw == NULL) {
+        raw = PyObject_CallOneArg(PyTuple_GET_ITEM(snap, 1), key);
+        if (raw == NULL) {
+            Py_DECREF(snap);
+            return POOLED_SLOW_ON_ERROR; /* its transaction ended, or LMDB failed */
+        }
+    }
+    if (raw == Py_None || (PyBytes_CheckExact(raw) && PyBytes_GET_SIZE(raw) == 0)) {
+        int put = PyList_Append(g->snaps, snap); /* no such key, or deleted in a run */
+        Py_DECREF(snap);
+        if (put < 0) {
+            Py_DECREF(raw);
+            return POOLED_ERROR;
+        }
+        *raw_out = raw;
+        *value_out = Py_NewRef(Py_None);
+        return POOLED_VALUE;
+    }
+    PyObject *pair[2] = {key, raw};
+    PyObject *value = inline_of(NULL, pair, 2);
+    if (value == NULL) {
+        Py_DECREF(raw);
+        Py_DECREF(snap);
+        return POOLED_SLOW_ON_ERROR; /* fails its checks: the slow path reads it again and raises */
+    }
+    int put = PyList_Append(g->snaps, snap);
+    Py_DECREF(snap);
+    if (put < 0) {
+        Py_DECREF(value);
+        Py_DECREF(raw);
+        return POOLED_ERROR;
+    }
+    *raw_out = raw;
+    if (value == Py_None) {
+        Py_DECREF(value);
+        return POOLED_DECODE;
+    }
+    *value_out = value;
+    return POOLED_VALUE;
+}
+
 static PyObject *getter_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Getter *g = (Getter *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -104,7 +214,7 @@ static PyObject *getter_call(PyObject *self, PyObject *const *args, size_t nargs
     }
     PyObject *key = args[0], *fresh = nargs == 2 ? args[1] : NULL;
     if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) > MAX_DIRECT_KEY || PyBytes_GET_SIZE(key) == 0
-        || g->meta == NULL || PyList_GET_SIZE(g->snaps) == 0) {
+        || g->meta == NULL || g->inside == NULL || PyList_GET_SIZE(g->snaps) == 0) {
         return getter_slow(g, key, fresh);
     }
     int held = getter_in_memtable(g, key);
@@ -137,82 +247,40 @@ static PyObject *getter_call(PyObject *self, PyObject *const *args, size_t nargs
     if (complete != Py_True) {
         return getter_slow(g, key, fresh);
     }
-    /* Take a pooled transaction (the list's last): this call alone uses it until it goes back. */
-    Py_ssize_t n = PyList_GET_SIZE(g->snaps);
-    if (n == 0) {
-        return getter_slow(g, key, fresh);
-    }
-    PyObject *snap = Py_NewRef(PyList_GET_ITEM(g->snaps, n - 1));
-    if (PyList_SetSlice(g->snaps, n - 1, n, NULL) < 0) {
-        Py_DECREF(snap);
+    /* Enter the map's gate (kvlog.meta.map_gate): no resize while the pooled transaction and
+     * its views are used; during a resize, the slow path (which waits for it). */
+    if (PyList_Append(g->inside, Py_None) < 0) {
         return NULL;
     }
-    if (!PyTuple_CheckExact(snap) || PyTuple_GET_SIZE(snap) != 3 || !PyList_CheckExact(PyTuple_GET_ITEM(snap, 2))) {
-        Py_DECREF(snap);
-        return getter_slow(g, key, fresh);
-    }
-    long long id = PyLong_AsLongLong(PyTuple_GET_ITEM(snap, 0));
-    if (id == -1 && PyErr_Occurred()) {
-        Py_DECREF(snap);
+    PyObject *raw = NULL, *value = NULL;
+    int outcome = getter_pooled(g, key, &raw, &value);
+    Py_ssize_t inside = PyList_GET_SIZE(g->inside);
+    if (PyList_SetSlice(g->inside, inside - 1, inside, NULL) < 0) { /* leave the gate */
+        Py_XDECREF(raw);
+        Py_XDECREF(value);
         return NULL;
     }
-    if (id != getter_newest(g)) {
-        Py_DECREF(snap); /* a commit landed since it began: the slow path takes the newer one */
-        return getter_slow(g, key, fresh);
-    }
-    PyObject *runs = PyTuple_GET_ITEM(snap, 2), *raw = NULL;
-    if (PyList_GET_SIZE(runs) > 0) {
-        PyObject *pair = PyTuple_Pack(2, runs, key);
-        if (pair == NULL) {
-            Py_DECREF(snap);
-            return NULL;
-        }
-        raw = find_first(NULL, pair);
-        Py_DECREF(pair);
-        if (raw == Py_None) {
-            Py_CLEAR(raw);
-        } else if (raw == NULL) {
-            goto slow; /* a damaged run: the slow path says so */
-        }
-    }
-    if (raw == NULL) {
-        raw = PyObject_CallOneArg(PyTuple_GET_ITEM(snap, 1), key);
-        if (raw == NULL) {
-            goto slow; /* its transaction ended (the map was resized), or LMDB failed */
-        }
-    }
-    if (raw == Py_None || (PyBytes_CheckExact(raw) && PyBytes_GET_SIZE(raw) == 0)) {
-        Py_DECREF(raw); /* no such key, or deleted in a run */
-        int put = PyList_Append(g->snaps, snap);
-        Py_DECREF(snap);
-        return put < 0 ? NULL : Py_NewRef(Py_None);
-    }
-    PyObject *pair[2] = {key, raw};
-    PyObject *value = inline_of(NULL, pair, 2);
-    if (value == NULL) {
+    switch (outcome) {
+    case POOLED_VALUE:
         Py_DECREF(raw);
-        goto slow; /* fails its checks: the slow path reads it again and raises */
-    }
-    if (PyList_Append(g->snaps, snap) < 0) {
-        Py_DECREF(value);
+        return value;
+    case POOLED_DECODE: {
+        PyObject *pair[2] = {key, raw};
+        value = PyObject_Vectorcall(g->decoded, pair, 2, NULL); /* reads a data file: outside */
         Py_DECREF(raw);
-        Py_DECREF(snap);
+        return value;
+    }
+    case POOLED_ERROR:
         return NULL;
+    default:
+        if (outcome == POOLED_SLOW_ON_ERROR) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                return NULL;
+            }
+            PyErr_Clear();
+        }
+        return getter_slow(g, key, fresh);
     }
-    Py_DECREF(snap);
-    if (value == Py_None) {
-        Py_DECREF(value);
-        value = PyObject_Vectorcall(g->decoded, pair, 2, NULL);
-    }
-    Py_DECREF(raw);
-    return value;
-slow:
-    Py_DECREF(snap);
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-        return NULL;
-    }
-    PyErr_Clear();
-    return getter_slow(g, key, fresh);
 }
 
 static void getter_unwatch(Getter *g) {
@@ -222,18 +290,31 @@ static void getter_unwatch(Getter *g) {
     }
 }
 
-/* watch(snaps, meta, page_size): the pool to take transactions from, and the meta pages to check
- * them against (meta None: none are watched, every get takes the slow path). */
+/* watch(snaps, meta, page_size, gate): the pool to take transactions from, the meta pages to
+ * check them against (meta None: none are watched, every get takes the slow path), and the gate
+ * of the map's views (its epoch dates the runs' views). */
 static PyObject *getter_watch(PyObject *self, PyObject *args) {
     Getter *g = (Getter *)self;
-    PyObject *snaps, *meta;
+    PyObject *snaps, *meta, *gate;
     Py_ssize_t page;
-    if (!PyArg_ParseTuple(args, "O!On", &PyList_Type, &snaps, &meta, &page)) {
+    if (!PyArg_ParseTuple(args, "O!OnO", &PyList_Type, &snaps, &meta, &page, &gate)) {
         return NULL;
     }
     getter_unwatch(g);
     Py_INCREF(snaps);
     Py_XSETREF(g->snaps, snaps);
+    PyObject *inside = PyObject_GetAttrString(gate, "inside");
+    if (inside == NULL) {
+        return NULL;
+    }
+    if (!PyList_CheckExact(inside)) {
+        Py_DECREF(inside);
+        PyErr_SetString(PyExc_TypeError, "the gate's inside must be a list");
+        return NULL;
+    }
+    Py_XSETREF(g->inside, inside);
+    Py_INCREF(gate);
+    Py_XSETREF(g->gate, gate);
     if (meta == Py_None) {
         Py_RETURN_NONE;
     }
@@ -286,6 +367,8 @@ static int getter_traverse(PyObject *self, visitproc visit, void *arg) {
     Py_VISIT(g->decoded);
     Py_VISIT(g->snaps);
     Py_VISIT(g->meta);
+    Py_VISIT(g->gate);
+    Py_VISIT(g->inside);
     return 0;
 }
 
@@ -298,6 +381,8 @@ static int getter_clear(PyObject *self) {
     Py_CLEAR(g->slow);
     Py_CLEAR(g->decoded);
     Py_CLEAR(g->snaps);
+    Py_CLEAR(g->gate);
+    Py_CLEAR(g->inside);
     return 0;
 }
 
@@ -308,7 +393,7 @@ static void getter_dealloc(PyObject *self) {
 }
 
 static PyMethodDef getter_methods[] = {
-    {"watch", getter_watch, METH_VARARGS, "The pool of read transactions, and the meta pages that date them."},
+    {"watch", getter_watch, METH_VARARGS, "The pool of read transactions, the meta pages that date them, and the map's gate."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -332,7 +417,8 @@ static int runs_get_init(PyObject *m) {
     s_front = PyUnicode_InternFromString("front");
     s_frozen = PyUnicode_InternFromString("frozen");
     s_complete = PyUnicode_InternFromString("_complete");
-    if (s_front == NULL || s_frozen == NULL || s_complete == NULL || PyType_Ready(&GetterType) < 0) {
+    s_epoch = PyUnicode_InternFromString("epoch");
+    if (s_front == NULL || s_frozen == NULL || s_complete == NULL || s_epoch == NULL || PyType_Ready(&GetterType) < 0) {
         return -1;
     }
     return PyModule_AddObjectRef(m, "Getter", (PyObject *)&GetterType);

@@ -506,7 +506,8 @@ class Getter:
     """``KeyIndex.lookup``'s common case in one call (see :mod:`kvlog.index.reads`): a bytes key
     of at most 480 bytes that the memtable does not hold, before the freshness deadline, in a
     complete index, read with a pooled read transaction whose snapshot is still the newest
-    (:meth:`watch` names the pool and the data file's meta pages). Every other case, and any
+    (:meth:`watch` names the pool, the data file's meta pages and the map's gate: runs are read
+    only while their tag is current, see :mod:`kvlog.meta.map_gate`). Every other case, and any
     error on the way, is ``slow(key, fresh_until)``'s: the Python path, which gives every
     answer and raises every error. A value not inline in its entry is ``decoded(key, raw)``'s."""
 
@@ -519,14 +520,17 @@ class Getter:
         self._snaps: list[Any] = []
         self._meta: Buffer | None = None
         self._page = 0
+        self._gate: Any = None
 
-    def watch(self, snaps: list[Any], meta: Buffer | None, page_size: int, /) -> None:
-        """The pool to take transactions from, and the meta pages to check them against (meta
-        None: none are watched, every get takes the slow path)."""
+    def watch(self, snaps: list[Any], meta: Buffer | None, page_size: int, gate: Any, /) -> None:
+        """The pool to take transactions from, the meta pages to check them against (meta
+        None: none are watched, every get takes the slow path) and the gate of the map's
+        views (its ``epoch``, ``enter`` and ``leave``)."""
         if type(snaps) is not list:
             raise TypeError("watch() takes a list")
         self._meta = None
         self._snaps = snaps
+        self._gate = gate
         if meta is not None:
             lmdb_txnid(meta, page_size)  # ValueError unless it holds two meta pages
             self._meta, self._page = meta, operator.index(page_size)
@@ -554,19 +558,31 @@ class Getter:
             snap = snaps.pop()
         except IndexError:
             return self._call_slow(key, fresh)
-        if type(snap) is not tuple or len(snap) != 3 or type(snap[2]) is not list:
+        if type(snap) is not tuple or len(snap) != 4 or type(snap[2]) is not list:
             return self._call_slow(key, fresh)
         if snap[0] != lmdb_txnid(meta, self._page):
             return self._call_slow(key, fresh)  # a commit landed since it began
+        gate = self._gate
+        gate.enter()  # the pooled transaction and its views are used inside the gate, never calling out
         try:
-            raw = find_first(snap[2], key) if snap[2] else None
-            if raw is None:
-                raw = snap[1](key)  # raises if its transaction ended (the map was resized)
-            if raw is None or (type(raw) is bytes and not raw):
-                snaps.append(snap)
-                return None  # no such key, or deleted in a run
-            value = inline(key, raw)
+            if snap[3] != gate.epoch:
+                raw = None  # its views died with a resize of the map: the slow path, below
+            else:
+                raw = find_first(snap[2], key) if snap[2] else None
+                if raw is None:
+                    raw = snap[1](key)  # raises if its transaction ended (the map was resized)
+                    if raw is None:
+                        snaps.append(snap)
+                        return None  # no such key
+                if type(raw) is bytes and not raw:
+                    snaps.append(snap)
+                    return None  # deleted in a run
+                value = inline(key, raw)
         except Exception:  # noqa: BLE001 - the slow path reads it again and raises what is wrong
+            raw = None
+        finally:
+            gate.leave()
+        if raw is None:
             return self._call_slow(key, fresh)
         snaps.append(snap)
         if value is None:

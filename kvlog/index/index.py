@@ -103,6 +103,7 @@ class KeyIndex:
         #: Why the last rebuild stopped before completing (raised to readers), or None.
         self._rebuild_failure: str | None = None
         self.reopened()
+        env.gate.on_remap(self.release)  # the pooled and pinned views die with the old map
 
     def reopened(self) -> None:
         """Take the environment's handles afresh: at construction, and after the environment
@@ -111,7 +112,6 @@ class KeyIndex:
         self._complete = True
         self._rebuild_failure = None
         env = self._env
-        self._begin = env.env.begin
         self._index_db = env.dbs["index"]
         self._runs_db = env.dbs["runs"]
         self._pinned_runs = PinnedRuns(env)
@@ -167,23 +167,35 @@ class KeyIndex:
             snap = self._snap()
             if snap is None:
                 return self._read_entry(key)  # a commit landed meanwhile, or the map grew
+        gate = self._env.gate
+        damaged = False
+        gate.enter()  # the runs are views of the map: no resize while they are read (nor a call out)
         try:
-            runs = snap[2]
-            raw = runs_find(runs, key) if runs else None  # pending index runs, newest first
-            if raw is None:
-                raw = snap[1](key)
+            if not gate.valid(snap[3]):
+                raw = None  # its views died with a resize of the map: read afresh, below
+            else:
+                runs = snap[2]
+                raw = runs_find(runs, key) if runs else None  # pending index runs, newest first
                 if raw is None:
+                    raw = snap[1](key)
+                    if raw is None:
+                        snaps.append(snap)
+                        return None
+                elif not raw:
                     snaps.append(snap)
-                    return None
-            elif not raw:
-                snaps.append(snap)
-                return None  # deleted in a run
-            # Checked against its CRC32C: a damaged entry raises, never returns a value.
-            inline = index_inline(key, raw)
+                    return None  # deleted in a run
+                # Checked against its CRC32C: a damaged entry raises, never returns a value.
+                inline = index_inline(key, raw)
         except lmdb.Error:
-            return self._read_entry(key)  # its transaction ended (the map was resized): afresh
+            raw = None  # its transaction ended (the map was resized): afresh, below
         except ValueError:  # raised by the index's checks alone: the key is valid
+            damaged = True
+        finally:
+            gate.leave()
+        if damaged:
             raise index_damage(self._env, key) from None
+        if raw is None:
+            return self._read_entry(key)
         snaps.append(snap)
         if inline is not None:
             return inline
@@ -191,21 +203,23 @@ class KeyIndex:
 
     def _snap(self) -> Snap | None:
         """A read transaction of the newest snapshot, with its pending runs pinned, for
-        :meth:`lookup` to pool; None if a commit landed meanwhile or the map grew."""
+        :meth:`lookup` to pool; None if a commit landed meanwhile or the map grew (or is being
+        resized: a snapshot tagged then is never pooled, see :mod:`kvlog.meta.map_gate`)."""
         try:
-            txn = self._begin(self._index_db)
+            txn = self._env.begin(self._index_db, buffers=False)
         except lmdb.MapResizedError:
             return None
         except lmdb.Error as e:
             raise self._env.failure(e) from e
         snapshot = txn.id()
-        runs = self._pinned_runs.runs(snapshot)
-        if runs is None:
+        found = self._pinned_runs.runs(snapshot)
+        if found is None or found[1] & 1:
             txn.abort()
             return None
+        runs, tag = found
         if not runs:
             self._pinned_runs.release()
-        return (snapshot, txn.get, runs)
+        return (snapshot, txn.get, runs, tag)
 
     def _await_complete(self) -> None:
         """Before answering from the index: :meth:`_await_rebuild` unless it is complete."""
@@ -238,29 +252,37 @@ class KeyIndex:
         """One raw index value by LMDB key, in a short read transaction of its own: from the
         newest index run holding the key, else from the B-tree."""
         env = self._env
-        try:
-            txn = env.env.begin(db=self._index_db, buffers=True)
-        except lmdb.MapResizedError:
-            env._adopt_size()
-            return self._read_raw(lmdb_key)
-        except lmdb.Error as e:
-            raise env.failure(e) from e
-        try:
-            found = find_in_runs_checked(runs_newest_first(txn, self._runs_db), lmdb_key)
-            if found is not None:
-                return found or None
-            view = txn.get(lmdb_key)
-            if view is None:
-                return None
-            value = bytes(view)
-            decode_entry(lmdb_key, value)  # its checksum
-            return value
-        except lmdb.Error as e:
-            raise env.failure(e) from e
-        except CacheDamage as e:
-            raise env.damaged(str(e), index_only=e.index_only) from None
-        finally:
-            txn.abort()
+        while True:
+            tag = env.gate.epoch  # before the transaction whose views it dates
+            try:
+                txn = env.begin(self._index_db, buffers=True)
+            except lmdb.MapResizedError:
+                env._adopt_size()
+                continue
+            except lmdb.Error as e:
+                raise env.failure(e) from e
+            try:
+                env.gate.enter()
+                try:
+                    if not env.gate.valid(tag):
+                        continue  # the map was resized since: its views are dead
+                    found = find_in_runs_checked(runs_newest_first(txn, self._runs_db), lmdb_key)
+                    if found is not None:
+                        return found or None
+                    view = txn.get(lmdb_key)
+                    if view is None:
+                        return None
+                    value = bytes(view)
+                finally:
+                    env.gate.leave()
+                decode_entry(lmdb_key, value)  # its checksum
+                return value
+            except lmdb.Error as e:
+                raise env.failure(e) from e
+            except CacheDamage as e:
+                raise env.damaged(str(e), index_only=e.index_only) from None
+            finally:
+                txn.abort()
 
     # -- snapshots, scans, counts -----------------------------------------------------------------
     def reader(self) -> IndexReader:
@@ -284,7 +306,7 @@ class KeyIndex:
                     self._runless_snapshot = snapshot
                     self._pinned_runs.release()
                     return IndexReader(env, txn, now_ms, [])
-                return IndexReader(env, txn, now_ms, pinned[2], pinned)
+                return IndexReader(env, txn, now_ms, pinned[2], pinned, pinned[3])
             txn.abort()  # a commit landed in between: take the newer snapshot
         return IndexReader(env, env.read(), now_ms)
 

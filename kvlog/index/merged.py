@@ -34,6 +34,7 @@ from kvlog.index.entry import decode_entry
 from kvlog.index.memtable import Entry, live_value
 from kvlog.index.runs import Buffer
 from kvlog.meta.env import CacheDamage
+from kvlog.meta.map_gate import Views
 
 if TYPE_CHECKING:
     from kvlog.index import _runs
@@ -88,13 +89,15 @@ def _memtable_source(front: list[tuple[bytes, Entry]], now_ms: int) -> _Fill:
     return fill
 
 
-def _run_source(run: Buffer, lower: bytes | None, upper: bytes | None, now_ms: int) -> _Fill:
+def _run_source(run: Buffer, views: Views, lower: bytes | None, upper: bytes | None,
+                now_ms: int) -> _Fill:
     low = lower
 
     def fill(size: int) -> tuple[list[tuple[bytes, Any]], int, bool, bytes | None]:
         nonlocal low
         try:
-            raw = _runs.entries(run, low, upper, size, False)
+            with views:  # the run is a view of the map (see kvlog.meta.map_gate)
+                raw = _runs.entries(run, low, upper, size, False)
             items, to_resolve, stopped = _runs.scan_items(raw, now_ms, True)
         except ValueError:
             raise _run_damage() from None
@@ -152,12 +155,12 @@ def _overlay_chunks(fills: list[_Fill]) -> Iterator[list[tuple[bytes, Any]]]:
 
 
 def merged_chunks(
-    cur: lmdb.Cursor, runs: list[Buffer], front: list[tuple[bytes, Entry]],
+    cur: lmdb.Cursor, runs: list[Buffer], views: Views, front: list[tuple[bytes, Entry]],
     lower: bytes | None, upper: bytes | None, now_ms: int, hooks: ScanHooks,
 ) -> Iterator[Iterator[tuple[bytes, bytes]]]:
     """Forward scan of ``lower <= key < upper`` (each at most ``DIRECT_KEY_BYTES`` long) over
     the memtable's writes ``front`` (sorted, within the range), the pending ``runs`` (newest
-    first) and the B-tree (``cur``), at ``now_ms``, in parts: a walk (an iterator of pairs in C,
+    first, read inside ``views``) and the B-tree (``cur``), at ``now_ms``, in parts: a walk (an iterator of pairs in C,
     see ``ScanWalk``), ``hooks.resolving`` of a list of one pair whose value is in a data file
     (its item ``(partition, offset, expiry)``), and at the B-tree's first long key
     ``hooks.rest`` of the bound from which the rest is read entry by entry. LMDB errors and
@@ -169,7 +172,7 @@ def merged_chunks(
         if front:
             fills.append(_memtable_source(front, now_ms))
         for run in runs:
-            fills.append(_run_source(run, lower, upper, now_ms))
+            fills.append(_run_source(run, views, lower, upper, now_ms))
         overlay = _overlay_chunks(fills) if fills else None
         found = cur.first() if lower is None else cur.set_range(lower)
         # The reader's transaction makes bytes, never buffers.

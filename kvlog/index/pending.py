@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator
+from typing import TypeVar, cast
 
 import lmdb
 
 from kvlog.index.keys import DIRECT_KEY_BYTES
 from kvlog.index.runs import Buffer, runs_find, walk_run
 from kvlog.meta.env import CacheDamage, LmdbEnv
+from kvlog.meta.map_gate import Views
 
-__all__ = ["PinnedRuns", "find_in_runs", "find_in_runs_checked", "merge_runs", "runs_newest_first", "walk_run_checked"]
+T = TypeVar("T")
+_DONE = object()
+
+__all__ = ["Pinned", "PinnedRuns", "guarded", "find_in_runs", "find_in_runs_checked", "merge_runs", "runs_newest_first", "walk_run_checked"]
 
 
 def runs_newest_first(txn: lmdb.Transaction, runs_db: lmdb._Database) -> list[Buffer]:
@@ -42,50 +47,53 @@ def find_in_runs_checked(runs: list[Buffer], lmdb_key: bytes) -> bytes | None:
         raise CacheDamage("an index run is damaged", index_only=True) from None
 
 
+#: A pinned snapshot's runs: ``(snapshot id, the transaction keeping its views valid, the runs
+#: newest first, the tag of the views)`` (see :mod:`kvlog.meta.map_gate`).
+Pinned = tuple[int, lmdb.Transaction | None, list[Buffer], int]
+
+
 class PinnedRuns:
     """The index runs of the newest snapshot a reader asked for, as views of the LMDB map kept
     valid by a read transaction of that snapshot, until a newer snapshot replaces it (so gets
-    that meet pending runs do not read the run directory each time)."""
+    that meet pending runs do not read the run directory each time) or the map is resized.
+    The views are read inside the environment's gate, with their tag."""
 
     def __init__(self, env: LmdbEnv) -> None:
         self._env = env
         self._db = env.dbs["runs"]
-        # (snapshot id, the transaction keeping the views valid, the runs newest first): replaced
-        # whole, so a reader holding the tuple keeps its transaction alive while it searches.
-        self._pinned: tuple[int, lmdb.Transaction | None, list[Buffer]] = (-1, None, [])
+        # Replaced whole, so a reader holding the tuple keeps its transaction alive while it
+        # searches.
+        self._pinned: Pinned = (-1, None, [], -1)
 
-    def runs(self, snapshot: int) -> list[Buffer] | None:
-        """The runs of LMDB snapshot ``snapshot``; None if it is no longer the newest."""
+    def runs(self, snapshot: int) -> tuple[list[Buffer], int] | None:
+        """The runs of LMDB snapshot ``snapshot`` and the tag of their views; None if it is no
+        longer the newest."""
         pinned = self.pinned(snapshot)
-        return None if pinned is None else pinned[2]
+        return None if pinned is None else (pinned[2], pinned[3])
 
-    def pinned(self, snapshot: int) -> tuple[int, lmdb.Transaction | None, list[Buffer]] | None:
-        """``(snapshot, the transaction keeping the views valid, the runs newest first)`` of LMDB
-        snapshot ``snapshot``, to hold as long as the runs are read; None if it is no longer the
-        newest."""
+    def pinned(self, snapshot: int) -> Pinned | None:
+        """The pin of LMDB snapshot ``snapshot`` (see :data:`Pinned`), to hold as long as the
+        runs are read; None if it is no longer the newest."""
         pinned = self._pinned
-        if pinned[0] == snapshot and pinned[1] is not None:
-            try:
-                pinned[1].id()  # ended when the map was resized, its views with it
-            except lmdb.Error:
-                pass
-            else:
-                return pinned
+        gate = self._env.gate
+        if pinned[0] == snapshot and pinned[1] is not None and gate.valid(pinned[3]):
+            return pinned
+        tag = gate.epoch  # before the transaction whose views it dates
         try:
-            views = self._env.env.begin(buffers=True)
+            views = self._env.begin(buffers=True)
         except lmdb.Error:
             return None
         if views.id() != snapshot:
             views.abort()
             return None
-        pinned = (snapshot, views, runs_newest_first(views, self._db))
+        pinned = (snapshot, views, runs_newest_first(views, self._db), tag)
         self._pinned = pinned
         return pinned
 
     def release(self) -> None:
         """Let the pinned snapshot go (its pages can be reused)."""
         if self._pinned[1] is not None:
-            self._pinned = (-1, None, [])
+            self._pinned = (-1, None, [], -1)
 
 
 def walk_run_checked(run: Buffer, lower: bytes | None, upper: bytes | None, *,
@@ -101,6 +109,17 @@ def _tagged(run: Buffer, age: int, lower: bytes | None, upper: bytes | None,
             reverse: bool) -> Iterator[tuple[bytes, bytes, int]]:
     for key, value in walk_run_checked(run, lower, upper, reverse=reverse):
         yield key, value, age
+
+
+def guarded(views: Views, entries: Iterator[T]) -> Iterator[T]:
+    """``entries``, each drawn inside ``views`` (a lazy walk of run views: see
+    :mod:`kvlog.meta.map_gate`)."""
+    while True:
+        with views:
+            entry = next(entries, _DONE)
+        if entry is _DONE:
+            return
+        yield cast(T, entry)
 
 
 def merge_runs(runs: list[Buffer], lower: bytes | None, upper: bytes | None, *,

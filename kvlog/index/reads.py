@@ -23,6 +23,10 @@ is open. The index empties the pool before each commit it applies and each settl
 (:meth:`ReadPool.release`), so its own writes are never held back; a commit of another process
 is held back from reusing pages only until this process's next get.
 
+The runs of a pooled transaction are views of the LMDB map, which a resize of the map unmaps:
+they are read only while their tag is current in the environment's gate
+(:mod:`kvlog.meta.map_gate`), and a resize empties the pool.
+
 Each transaction is used by one thread at a time: a get takes one out of the pool (``pop``)
 and puts it back after (``append``), both atomic; threads that meet an empty pool begin their
 own. In a child made by ``fork()`` the parent's pooled transactions are never used and never
@@ -51,8 +55,9 @@ else:
 __all__ = ["ReadPool", "Snap"]
 
 #: A pooled read transaction: (its snapshot id, its bound ``get``, the index runs of its
-#: snapshot newest first, empty when it has none). The bound ``get`` keeps it open.
-Snap = tuple[int, Callable[[bytes], Any], Any]
+#: snapshot newest first, empty when it has none, and the tag of the runs' views in the map's
+#: gate, see :mod:`kvlog.meta.map_gate`). The bound ``get`` keeps it open.
+Snap = tuple[int, Callable[[bytes], Any], Any, int]
 
 _LMDB_MAGIC = 0xBEEFC0DE
 _LMDB_VERSION = 1
@@ -99,6 +104,7 @@ class ReadPool:
 
     def __init__(self, env: LmdbEnv) -> None:
         self.snaps: list[Snap] = []
+        self.gate = env.gate
         self.meta: mmap.mmap | None = None
         self.page = 0
         self.newest: Callable[[], int] = _unwatched
@@ -127,7 +133,7 @@ class ReadPool:
 
     def watch(self, getter: _runs.Getter) -> None:
         """Make ``getter`` read this pool."""
-        getter.watch(self.snaps, self.meta, self.page)
+        getter.watch(self.snaps, self.meta, self.page, self.gate)
 
 
 _pools: weakref.WeakSet[ReadPool] = weakref.WeakSet()

@@ -18,11 +18,12 @@ from kvlog.index.expiries import expired_entries
 from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key, scan_bounds
 from kvlog.index.memtable import Entry
 from kvlog.index.merged import ScanHooks, merged_chunks
-from kvlog.index.pending import find_in_runs_checked, merge_runs, runs_newest_first
+from kvlog.index.pending import find_in_runs_checked, guarded, merge_runs, runs_newest_first
 from kvlog.index.runs import Buffer
 from kvlog.index.tree import overlay, walk_forward, walk_reverse
 from kvlog.meta.cache import MetaReader, guard_methods
 from kvlog.meta.env import CacheDamage, LmdbEnv
+from kvlog.meta.map_gate import Views
 
 __all__ = ["IndexReader", "read_failure", "runs_pending"]
 
@@ -48,14 +49,19 @@ class IndexReader(MetaReader):
     answers None for them and :meth:`index_scan` skips them (None: every entry, as stored)."""
 
     def __init__(self, env: LmdbEnv, txn: lmdb.Transaction, now_ms: int | None = None,
-                 runs: list[Buffer] | None = None, runs_held: object = None) -> None:
+                 runs: list[Buffer] | None = None, runs_held: object = None,
+                 runs_tag: int | None = None) -> None:
         super().__init__(env, txn)
         self.now_ms = now_ms
         #: The snapshot's runs when the caller knows them (views kept valid by ``runs_held``,
-        #: another reader's transaction of the same snapshot, held as long as this reader).
+        #: another reader's transaction of the same snapshot, held as long as this reader, and
+        #: read inside the map's gate with their tag ``runs_tag``).
         self._run_cache: list[Buffer] | None = runs
         self._run_held = runs_held
         self._run_views: lmdb.Transaction | None = None
+        #: Where the runs are read: inside the gate while they are views of the map (a resize
+        #: of the map ends this snapshot, see kvlog.meta.map_gate).
+        self._views: Views = env.gate.views(runs_tag)
 
     def close(self) -> None:
         """End this snapshot (its transaction and the one its index runs are read through)."""
@@ -76,7 +82,9 @@ class IndexReader(MetaReader):
 
     def _entry_at(self, lmdb_key: bytes) -> IndexEntry | None:
         """The entry stored for ``lmdb_key`` (expired or not), checked."""
-        found = find_in_runs_checked(self._runs(), lmdb_key)
+        runs = self._runs()
+        with self._views:
+            found = find_in_runs_checked(runs, lmdb_key)
         if found is not None:
             return decode_entry(lmdb_key, found)[1] if found else None
         value = self.txn.get(lmdb_key, db=self._db["index"])
@@ -99,7 +107,10 @@ class IndexReader(MetaReader):
                 entry = self.index_get(key)
                 out.append(entry if entry is None or entry.inline is None else entry.inline)
                 continue
-            raw: bytes | None = find_in_runs_checked(runs, key) if runs else None
+            raw: bytes | None = None
+            if runs:
+                with self._views:
+                    raw = find_in_runs_checked(runs, key)
             if raw is None:
                 raw = get(key)
                 if raw is None:
@@ -138,7 +149,7 @@ class IndexReader(MetaReader):
         runs = self._runs()
         if runs:
             index_db = self._db["index"]
-            for key, value in merge_runs(runs, None, None, reverse=False):
+            for key, value in guarded(self._views, merge_runs(runs, None, None, reverse=False)):
                 present = self.txn.get(key, db=index_db) is not None
                 if value and not present:
                     count += 1
@@ -156,6 +167,7 @@ class IndexReader(MetaReader):
             # A commit landed between this reader's transaction and the second one: read copies
             # (this transaction makes bytes), at most index_run_limit runs of one flush each.
             self._run_cache = runs_newest_first(self.txn, self._db["runs"])
+            self._views = self._env.gate.views(None)
         assert self._run_cache is not None
         return self._run_cache
 
@@ -176,8 +188,9 @@ class IndexReader(MetaReader):
         if not self.runs_pending():
             self._run_cache = []
             return True
+        tag = self._env.gate.epoch  # before the transaction whose views it dates
         try:
-            views = self._env.env.begin(buffers=True)
+            views = self._env.begin(buffers=True)
         except lmdb.Error:
             return False
         if views.id() != self.txn.id():
@@ -185,6 +198,7 @@ class IndexReader(MetaReader):
             return False
         self._run_views = views
         self._run_cache = runs_newest_first(views, self._db["runs"])
+        self._views = self._env.gate.views(tag)
         return True
 
     def index_scan(
@@ -203,7 +217,8 @@ class IndexReader(MetaReader):
         with self.txn.cursor(db=self._db["index"]) as cur:
             entries = walk_reverse(cur, upper) if reverse else walk_forward(cur, lower)
             if runs:
-                entries = overlay(entries, merge_runs(runs, lower, upper, reverse=reverse), reverse=reverse)
+                merged = guarded(self._views, merge_runs(runs, lower, upper, reverse=reverse))
+                entries = overlay(entries, merged, reverse=reverse)
             for key, entry in entries:
                 if reverse:
                     if upper is not None and key >= upper:
@@ -230,4 +245,5 @@ class IndexReader(MetaReader):
         the range) over this snapshot's index, in parts (see
         :func:`kvlog.index.merged.merged_chunks`, which closes its cursor when they end)."""
         cur = self.txn.cursor(db=self._db["index"])
-        return merged_chunks(cur, self._runs(), front, lower, upper, now_ms, hooks)
+        runs = self._runs()
+        return merged_chunks(cur, runs, self._views, front, lower, upper, now_ms, hooks)

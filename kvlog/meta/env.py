@@ -44,6 +44,7 @@ import lmdb
 
 from kvlog.errors import CorruptDataError, KvlogError, StorageError
 from kvlog.format.checksum import crc32c
+from kvlog.meta.map_gate import MapGate
 
 __all__ = [
     "CACHE_LAYOUT", "CacheDamage", "DB_NAMES", "FileWalker", "LMDB_ERROR", "SEALED_DBS", "LmdbEnv", "acquire_env",
@@ -251,6 +252,8 @@ class LmdbEnv:
         self.name = f"metadata cache {path}"
         self._map_size = map_size
         self._resize_lock = threading.RLock()
+        #: Keeps reads of the map's views and resizes of the map apart.
+        self.gate = MapGate()
         self._held: int | None = None
         self._local = threading.local()
         try:
@@ -340,12 +343,16 @@ class LmdbEnv:
     def reset(self) -> bool:
         """Delete the cache and open it empty, if no other process has it open; False if one
         has (the caller must not share this environment with other users in the process)."""
-        self.env.close()
-        if not self._delete_alone("found while catching up"):
+        alone: list[bool] = []
+
+        def reopen() -> None:
+            self.env.close()
+            alone.append(self._delete_alone("found while catching up"))
             self._open()
-            return False
-        self._open()
-        return True
+
+        with self._resize_lock:
+            self.gate.remap(reopen)  # views of the closed environment die with it
+        return alone[0]
 
     def failure(self, error: lmdb.Error) -> KvlogError:
         """The kvlog error for an LMDB error: damage is a ``CorruptDataError`` naming the cache
@@ -392,7 +399,8 @@ class LmdbEnv:
                 synced = True
             except lmdb.Error:
                 pass
-        self.env.close()
+        with self._resize_lock:
+            self.gate.remap(self.env.close)  # no read of its views is under way
         self._release_hold(synced=synced)
 
     def _stamp_clean(self) -> None:
@@ -446,24 +454,40 @@ class LmdbEnv:
         """A read transaction (a snapshot); the caller aborts it when done."""
         while True:
             try:
-                return self.env.begin(write=False, buffers=False)
+                return self.begin(buffers=False)
             except lmdb.MapResizedError:
                 self._adopt_size()
             except lmdb.Error as e:
                 raise self.failure(e) from e
 
+    def begin(self, db: lmdb._Database | None = None, *, buffers: bool) -> lmdb.Transaction:
+        """``env.begin`` of a read transaction, never while the map is being resized (LMDB
+        cannot begin one meanwhile); raises what py-lmdb raises."""
+        gate = self.gate
+        gate.enter()
+        try:
+            txn: lmdb.Transaction = self.env.begin(db=db, buffers=buffers)  # type: ignore[call-overload]
+            return txn
+        finally:
+            gate.leave()
+
     def _grow(self) -> None:
         with self._resize_lock:
             try:
                 size = self.env.info()["map_size"]
-                self.env.set_mapsize(size * 2)
             except lmdb.Error as e:
                 raise self.failure(e) from e
+            self._remap(size * 2)
 
     def _adopt_size(self) -> None:
+        self._remap(0)
+
+    def _remap(self, size: int) -> None:
+        """Resize the map to ``size`` bytes (0: the size another process gave it), through the
+        gate that keeps readers of views out (see :mod:`kvlog.meta.map_gate`)."""
         with self._resize_lock:
             try:
-                self.env.set_mapsize(0)
+                self.gate.remap(lambda: self.env.set_mapsize(size))
             except lmdb.Error as e:
                 raise self.failure(e) from e
 
@@ -506,7 +530,7 @@ class LmdbEnv:
         between ``free`` and the others)."""
         try:
             psize = int(self.env.stat()["psize"])
-            with self.env.begin() as txn:
+            with self.begin(buffers=False) as txn:
                 last = int(self.env.info()["last_pgno"])
                 held: dict[str, int] = {}
                 for name, db in self.dbs.items():
