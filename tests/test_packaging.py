@@ -306,6 +306,8 @@ def test_wheel_installs_in_a_fresh_venv_and_runs_the_quickstart_and_the_cli(
     assert venv.run(kvlog_command, "--version", cwd=tmp_path).split() == ["kvlog", kvlog.__version__]
     store = str(tmp_path / "compiled" / "store")
     assert venv.run(kvlog_command, "get", store, "user:4", cwd=tmp_path) == "Katherine"
+    stats = venv.run(kvlog_command, "stats", store, cwd=tmp_path)
+    assert re.search(rf"^native\s+{len(EXTENSIONS)} of {len(EXTENSIONS)} extension", stats, re.M), stats
 
 
 def test_wheel_built_without_a_compiler_installs_and_runs_on_the_twins(
@@ -322,3 +324,5 @@ def test_wheel_built_without_a_compiler_installs_and_runs_on_the_twins(
     kvlog_command = str(venv.path / "bin" / "kvlog")
     store = str(tmp_path / "twins" / "store")
     assert venv.run(kvlog_command, "get", store, "user:2", cwd=tmp_path) == "Grace"
+    stats = venv.run(kvlog_command, "stats", store, cwd=tmp_path)
+    assert re.search(rf"^native\s+0 of {len(EXTENSIONS)} extension", stats, re.M), stats
