@@ -30,15 +30,14 @@ java: ## check for Java 17+ (installs openjdk-17-jre-headless on Debian as root)
 demo: install java ## run the end-to-end demo on a local store
 	$(VENV)/bin/kvlog demo
 
-test: install java ## the whole suite (unit, property, fault, S3, Spark, examples, tutorials) and the docs
-	@bash scripts/run-pytest.sh $(PY) -n 2 --dist loadgroup $(PYTEST_ARGS)
-	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+test: install java ## the whole suite (unit, property, fault, S3, Spark, examples, tutorials, packaging) and the docs, then one summary line
+	@$(PY) scripts/run_tests.py --docs=$(VENV)/bin/sphinx-build -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: install ## the suite without slow, S3 and Spark tests
-	@bash scripts/run-pytest.sh $(PY) -m "not slow and not s3 and not spark" $(PYTEST_ARGS)
+	@$(PY) scripts/run_tests.py -m "not slow and not s3 and not spark" $(PYTEST_ARGS)
 
 test-pure: install ## the fast suite on the pure-Python twins of the C extensions (KVLOG_PURE_PYTHON=1)
-	@KVLOG_PURE_PYTHON=1 bash scripts/run-pytest.sh $(PY) -m "not slow and not s3 and not spark" $(PYTEST_ARGS)
+	@KVLOG_PURE_PYTHON=1 $(PY) scripts/run_tests.py -m "not slow and not s3 and not spark" $(PYTEST_ARGS)
 
 torture: install ## seeded torture runs: make torture SEEDS=500 [START=0] [BACKEND=local|s3]
 	$(PY) -m tests.torture --seeds $(or $(SEEDS),100) --start $(or $(START),0) --backend $(or $(BACKEND),local)
@@ -47,8 +46,8 @@ lint: install ## ruff and mypy (strict on kvlog/ and benchmarks/)
 	$(VENV)/bin/ruff check kvlog spark_ext tests benchmarks examples
 	$(VENV)/bin/mypy
 
-docs: install ## build the documentation (warnings are errors)
-	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
+docs: install ## build the documentation (nitpicky; warnings are errors)
+	$(VENV)/bin/sphinx-build -n -W --keep-going -b html docs docs/_build/html
 
 bench: install java ## run the benchmark suite (python -m benchmarks) and write benchmarks/results/
 	$(PY) -m benchmarks --out benchmarks/results/latest.json

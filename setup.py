@@ -5,8 +5,27 @@ not build (no C compiler, no Python headers) is left out with one line saying so
 install goes on without it.
 """
 
+import os
+import re
+import sys
+
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+#: A failed compiler run, as distutils words it (the command as a list, or as a name).
+_FAILED_COMMAND = re.compile(
+    r"command '\[?'?(?P<program>[^',\]]+)'?.*?(?:returned non-zero exit status|failed with exit code)"
+    r" (?P<status>-?\d+)", re.IGNORECASE | re.DOTALL)
+
+
+def _reason(error: Exception) -> str:
+    """Why an extension did not build, in a few words: the compiler and its exit status when a
+    compiler ran (its own messages are printed above), else the error's first line."""
+    text = " ".join(str(error).split())
+    found = _FAILED_COMMAND.search(text)
+    if found:
+        return f"{os.path.basename(found['program'])} exited with status {found['status']}"
+    return f"{type(error).__name__}: {text[:160]}" if text else type(error).__name__
 
 
 class OptionalBuildExt(build_ext):
@@ -16,9 +35,7 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as e:  # noqa: BLE001 - CCompilerError, DistutilsExecError, OSError, ...
-            import sys
-
-            print(f"kvlog: building {ext.name} failed ({type(e).__name__}: {str(e).strip()[:200]}); "
+            print(f"kvlog: building {ext.name} failed ({_reason(e)}); "
                   f"kvlog will use its pure-Python twin, which is slower", file=sys.stderr)
 
 
