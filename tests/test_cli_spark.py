@@ -75,7 +75,23 @@ def test_spark_bad_conf_is_one_line(bad: str, tmp_path: Path, capsys: pytest.Cap
 
 
 def test_demo_with_spark(tmp_path: Path) -> None:
-    done = run_command("demo", "--records", "20000", "--path", str(tmp_path / "demo"), cwd=tmp_path)
+    """The whole demo with ``--keep``: it passes, every line it prints is its own (the JVM's
+    banner and log lines go to ``spark.log`` in the store), each step says when it starts and
+    how long it took, and the store is kept where the first and last lines say."""
+    path = tmp_path / "demo"
+    done = run_command("demo", "--records", "20000", "--path", str(path), "--keep", cwd=tmp_path)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-    assert "all checks passed" in done.stdout
+    assert done.stderr == ""
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"kvlog demo: store at {path} (kept at the end)"
+    assert lines[-2:] == ["all checks passed", f"kept the demo store at {path}"]
     assert "Spark materialization" in done.stdout
+    spark = [line for line in lines if line.startswith("materializing the latest state with Spark")]
+    assert len(spark) == 2 and spark[0].endswith(" ...") and " done in " in spark[1], lines
+    steps = [line for line in lines if line.endswith(" ...")]
+    assert len(steps) >= 6 and all(f"{line[:-4]}: done in " in done.stdout for line in steps)
+    own = ("kvlog demo: ", "summary", "  ", "all checks passed", "kept the demo store")
+    assert [line for line in lines if line and not line.startswith(own) and not line.endswith(" ...")
+            and ": done in " not in line] == []
+    assert (path / "kvlog.json").is_file()
+    assert "log4j" in (path / "spark.log").read_text()  # what would have been noise

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from kvlog.cli.common import (
     Subparsers,
     add_store_arguments,
     open_store,
+    require_store,
     settings_of,
     storage_options_arg,
     uri_arg,
 )
 from kvlog.cli.summary import render_stats
+from kvlog.errors import ConfigError
+from kvlog.extras import require
 
 __all__ = ["register"]
 
@@ -63,13 +69,26 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_spark_job(args: argparse.Namespace) -> None:
+    """Everything a Spark job's arguments can be checked for without a JVM, before one starts:
+    the store exists (and its storage options fit its URI), the output and cache paths are not
+    files, pyspark and pandas import (the ``spark`` extra), and Java 17 is there."""
+    require_store(args.uri, args.storage_options)
+    for name in ("out", "cache_dir"):
+        target = getattr(args, name, None)
+        if target is not None and os.path.lexists(target) and not os.path.isdir(target):
+            raise ConfigError(f"{name.upper()} {target!r} is a file, not a directory")
+    require("spark", purpose=f"kvlog spark {args.spark_command}")
+    from spark_ext import check_java
+
+    check_java()
+
+
 def _cmd_spark(args: argparse.Namespace) -> int:
     # kvlog never imports spark_ext; the command line is the one place that may (docs/architecture.rst).
-    try:
-        import spark_ext
-    except ImportError as e:
-        print(f"kvlog: the Spark extension needs pyspark: pip install 'kvlog[spark]' ({e})", file=sys.stderr)
-        return 1
+    _check_spark_job(args)
+    import spark_ext
+
     options = args.storage_options
     spark = spark_ext.get_session(args.master, **dict(args.spark_conf))
     try:
@@ -85,23 +104,56 @@ def _cmd_spark(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextmanager
+def _stderr_to(path: str) -> Iterator[None]:
+    """Send this process's standard error (file descriptor 2) to ``path`` for the block.
+
+    A process started inside the block keeps ``path`` as its standard error for good: the
+    demo starts Spark's JVM so, and the JVM's banner and log lines go to the file.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(target, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(target)
+
+
+def _spark_step(uri: str, out: str) -> Any:
+    """The demo's Spark step: materialize ``uri`` into ``out`` on a quiet local session.
+
+    The JVM's own output (its banner, log4j's, Spark's warnings) goes to ``spark.log`` in the
+    store's directory instead of the terminal, and Spark logs errors only.
+    """
+    import spark_ext
+
+    with _stderr_to(os.path.join(uri, "spark.log")):
+        spark = spark_ext.get_session("local[2]", **{"spark.ui.showConsoleProgress": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        return spark_ext.materialize(spark, uri, out)
+    finally:
+        spark.stop()
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from kvlog.demo import run_demo
 
     materialize = None
     if not args.no_spark:
-        # The Spark step comes from the command line, so kvlog itself never imports spark_ext.
-        import spark_ext
+        # Checked before the demo writes anything; the Spark step comes from the command line,
+        # so kvlog itself never imports spark_ext.
+        require("spark", purpose="the Spark step of kvlog demo (--no-spark skips it)")
+        from spark_ext import check_java
 
-        def materialize(uri: str, out: str) -> Any:
-            spark = spark_ext.get_session("local[2]")
-            spark.sparkContext.setLogLevel("ERROR")
-            try:
-                return spark_ext.materialize(spark, uri, out)
-            finally:
-                spark.stop()
-
-    result = run_demo(args.path, records=args.records, materialize=materialize)
+        check_java()
+        materialize = _spark_step
+    result = run_demo(args.path, records=args.records, materialize=materialize, keep=args.keep)
     return 1 if result.failures else 0
 
 
@@ -161,9 +213,10 @@ def register(sub: Subparsers) -> None:
         p.set_defaults(func=_cmd_spark)
 
     p = sub.add_parser("demo", help="the end-to-end demo on a local store")
-    p.add_argument("--path", help="store directory (default: a new temporary directory)")
+    p.add_argument("--path", help="store directory, missing or empty (default: a new temporary directory)")
     p.add_argument("--records", type=int, default=1_000_000, help="how many records to write (default 1000000)")
     p.add_argument("--no-spark", action="store_true", help="skip the Spark materialization step")
+    p.add_argument("--keep", action="store_true", help="keep the store at the end (it is removed otherwise)")
     p.set_defaults(func=_cmd_demo)
     # The suite's own options are taken as given (``+`` is this parser's only option prefix),
     # so any ``kvlog bench ...`` line gets the pointer to the suite, not a usage error.

@@ -11,12 +11,12 @@ from typing import Any, NoReturn
 from urllib.parse import unquote, urlparse
 
 from kvlog.config import StoreConfig
-from kvlog.errors import ConfigError
+from kvlog.errors import ConfigError, StoreNotFoundError
 from kvlog.format.identity import IDENTITY_NAME
 
 __all__ = [
     "Parser", "Subparsers", "one_line", "uri_arg", "storage_options_arg", "setting_arg",
-    "add_store_arguments", "open_store", "refuse_to_create", "writer_id",
+    "add_store_arguments", "open_store", "require_store", "refuse_to_create", "writer_id",
 ]
 
 #: The object :meth:`argparse.ArgumentParser.add_subparsers` returns, to which commands add parsers.
@@ -127,6 +127,26 @@ def open_store(args: argparse.Namespace, **kwargs: Any) -> Any:
 
     settings: dict[str, Any] = {"background_compaction": False, **settings_of(args), **kwargs}
     return kvlog.open(args.uri, storage_options=args.storage_options, **settings)
+
+
+def require_store(uri: str, storage_options: dict[str, Any] | None) -> None:
+    """Raise :class:`~kvlog.errors.StoreNotFoundError` unless a kvlog store is at ``uri``.
+
+    Looks for the store's identity object only: no cache, no producer, nothing created. A
+    job that starts something costly (a JVM) checks this first.
+    """
+    from kvlog.storage import open_storage
+
+    directory = _local_dir(uri)
+    if directory is not None and not directory.is_dir():
+        what = "is not a directory" if os.path.lexists(directory) else "does not exist"
+        raise StoreNotFoundError(f"no kvlog store at {uri!r}: it {what}")
+    storage = open_storage(uri, storage_options)
+    try:
+        if not storage.exists(IDENTITY_NAME):
+            raise StoreNotFoundError(f"no kvlog store at {uri!r} (no {IDENTITY_NAME})")
+    finally:
+        storage.close()
 
 
 def _local_dir(uri: str) -> Path | None:

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from kvlog.errors import ConfigError
+from kvlog.extras import require
 from kvlog.storage.base import BytesLike, ForwardStream, ObjectInfo, Storage, check_name
 from kvlog.storage.local import LocalStorage
 
@@ -52,12 +53,9 @@ def open_storage(
         _no_options(options, text)
         return LocalStorage(unquote(parsed.path))
     if parsed.scheme in ("s3", "s3a"):
-        try:
-            from kvlog.storage.object_store import ObjectStoreStorage
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ConfigError(
-                f"{text!r} needs the object-store client: pip install 'kvlog[s3]' ({e})"
-            ) from e
+        require("s3", purpose=f"the object store {text!r}")  # MissingExtraError names the extra
+        from kvlog.storage.object_store import ObjectStoreStorage
+
         return ObjectStoreStorage(text, options)
     raise ConfigError(
         f"unsupported URI scheme {parsed.scheme!r} in {text!r}: "
