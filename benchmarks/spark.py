@@ -119,10 +119,10 @@ METHOD = (
 # -- helpers -----------------------------------------------------------------------------------
 
 def make_entry(bench_id: str, title: str, method: str, subject: dict[str, Any], anchors: list[dict[str, Any]],
-           *, higher_is_better: bool, seconds: float, goal: dict[str, Any] | None = None,
+           *, higher_is_better: bool, seconds: float, target: dict[str, Any] | None = None,
            **extra: Any) -> dict[str, Any]:
     return compaction_entry(bench_id, title, method, subject, anchors, higher_is_better=higher_is_better,
-                            seconds=seconds, goal=goal, group="spark", **extra)
+                            seconds=seconds, target=target, group="spark", **extra)
 
 
 def _failed(bench_id: str, title: str, status: str, reason: str) -> dict[str, Any]:
@@ -346,7 +346,7 @@ def bench_materialize_and_read(spark: Any, sizes: Sizes, work: Path) -> list[dic
             "repeat by repeat; the limit compares with the best of them (paired_ratios: each "
             "repeat's kvlog time over that repeat's best pipeline)."),
         subject, anchors, higher_is_better=False, seconds=perf_counter() - began,
-        goal={"text": f"at most {MATERIALIZE_LIMIT}x the best hand-written pipeline ({best['key']})",
+        target={"text": f"at most {MATERIALIZE_LIMIT}x the best hand-written pipeline ({best['key']})",
               "value": ratio, "met": bool(ratio <= MATERIALIZE_LIMIT and correct)},
         paired_ratios=paired, ratio_range=[min(paired), max(paired)], limit=MATERIALIZE_LIMIT,
         rows=rows, anchor_rows=counts, correct=correct, log_to_parquet_s=to_parquet_s,
@@ -464,7 +464,7 @@ def _notes(e: dict[str, Any]) -> list[str]:
 
 
 def format_table(document: dict[str, Any]) -> str:
-    """The results as a plain-text table: figure, anchors, ratios, goal."""
+    """The results as a plain-text table: figure, anchors, ratios, target."""
     return text_table(document, "kvlog Spark benchmarks", _fmt, id_width=22, anchor_width=50, name_width=34,
                       notes=_notes)
 
