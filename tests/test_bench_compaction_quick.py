@@ -87,7 +87,7 @@ def test_quick_compaction_benchmarks(tmp_path: Path, seaweedfs: Any) -> None:
 
 
 def test_output_batches_stay_within_the_limit(tmp_path: Path) -> None:
-    """One input batch larger than OUTPUT_BATCH_RECORDS comes out split (it used to come out whole)."""
+    """One input batch larger than OUTPUT_BATCH_RECORDS comes out split, never whole."""
     import numpy as np
 
     import kvlog
