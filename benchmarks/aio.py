@@ -97,7 +97,7 @@ def bench_store_aio(ctx: Context) -> list[dict[str, Any]]:
             "per-repeat async / sync ratio and `overhead_us` the extra time per call."
         )
         entries.append(make_entry(
-            f"store.aio_{op}", "store", 4, title, method,
+            f"store.aio_{op}", "store", title, method,
             measurement("aio", f"kvlog.aio {op}", "calls/s", aio_runs),
             [measurement("sync", f"kvlog sync {op}", "calls/s", sync_runs)],
             seconds=perf_counter() - began,

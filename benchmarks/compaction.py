@@ -5,7 +5,7 @@ a ratio (``docs/benchmarks.rst`` explains the method and the figures):
 
 ``compaction.map_capacity`` / ``map_build`` / ``map_memory`` (a)
     distinct keys an :class:`~kvlog.compaction.OffsetMap` of
-    ``offset_map_bytes`` holds (anchors: the goal of 7 M keys per 128 MiB,
+    ``offset_map_bytes`` holds (anchors: the target of 7 M keys per 128 MiB,
     Kafka's 24 bytes per entry, WarpStream's 41); the time to fingerprint and
     insert N distinct keys fed in Arrow-batch-sized chunks (anchor: a Python
     dict ``key -> offset`` built from the same chunks); the peak traced memory
@@ -18,7 +18,7 @@ a ratio (``docs/benchmarks.rst`` explains the method and the figures):
     partitions) against the I/O floor measured in the same run: every input
     data file read twice with pyarrow (``ipc.open_file`` + ``read_all``) and the
     surviving records written once (``ipc.new_file``, same compression, fsync).
-    Goal: at most 2.0x the floor.
+    Target: at most 2.0x the floor.
 ``compaction.requests_s3`` (c)
     requests of one job on SeaweedFS against 1, 4 and 16 input files, from
     ``storage.requests``; expected: 2 stream GETs per input file.
@@ -83,12 +83,12 @@ __all__ = [
 
 SCHEMA = "kvlog-bench-compaction/1"
 MiB = 1024 * 1024
-#: The goal: at least 7 M distinct keys per 128 MiB of offset map (docs/compaction.rst).
-GOAL_KEYS_PER_128_MIB = 7_000_000
+#: The target: at least 7 M distinct keys per 128 MiB of offset map (docs/compaction.rst).
+TARGET_KEYS_PER_128_MIB = 7_000_000
 KAFKA_ENTRY_BYTES = 24
 WARPSTREAM_ENTRY_BYTES = 41
 #: (b): compaction at most this many times the I/O floor.
-FLOOR_GOAL_RATIO = 2.0
+FLOOR_TARGET_RATIO = 2.0
 #: (d): peak RssAnon growth at most offset_map_bytes + this.
 RSS_SLACK_BYTES = 64 * MiB
 RSS_INTERVAL_S = 0.05
@@ -175,7 +175,7 @@ def measure(key: str, name: str, unit: str, runs: Sequence[float], **extra: Any)
 
 
 def make_entry(bench_id: str, title: str, method: str, subject: dict[str, Any], anchors: list[dict[str, Any]],
-           *, higher_is_better: bool, seconds: float, goal: dict[str, Any] | None = None,
+           *, higher_is_better: bool, seconds: float, target: dict[str, Any] | None = None,
            group: str = "compaction", **extra: Any) -> dict[str, Any]:
     """A benchmark's entry, in the shape of the general suite's (``benchmarks.suite``)."""
     ratios: dict[str, dict[str, float | None]] = {}
@@ -189,8 +189,8 @@ def make_entry(bench_id: str, title: str, method: str, subject: dict[str, Any], 
         "unit": subject["unit"], "higher_is_better": higher_is_better, "method": method,
         "subject": subject, "anchors": anchors, "ratios": ratios, "seconds": seconds,
     }
-    if goal is not None:
-        entry["goal"] = goal
+    if target is not None:
+        entry["target"] = target
     entry.update(extra)
     return entry
 
@@ -510,7 +510,7 @@ def bench_map(sizes: Sizes) -> list[dict[str, Any]]:
     load.append(loadavg())
 
     capacity = capacity_for(map_bytes, 0.9)
-    goal_keys = GOAL_KEYS_PER_128_MIB * map_bytes // (128 * MiB)
+    target_keys = TARGET_KEYS_PER_128_MIB * map_bytes // (128 * MiB)
     kafka = int(map_bytes // KAFKA_ENTRY_BYTES * 0.9)
     warpstream = map_bytes // WARPSTREAM_ENTRY_BYTES
     seconds = perf_counter() - began
@@ -518,20 +518,20 @@ def bench_map(sizes: Sizes) -> list[dict[str, Any]]:
     cap_entry = make_entry(
         "compaction.map_capacity", f"offset map capacity, {map_bytes // MiB} MiB", (
             f"capacity_for(offset_map_bytes, 0.9): {SLOT_BYTES}-byte slots (96-bit fingerprint + "
-            f"32-bit relative offset) at load factor 0.9. Anchors: the goal of "
-            f"{GOAL_KEYS_PER_128_MIB:,} keys per 128 MiB (scaled to this map's size); Kafka's "
+            f"32-bit relative offset) at load factor 0.9. Anchors: the target of "
+            f"{TARGET_KEYS_PER_128_MIB:,} keys per 128 MiB (scaled to this map's size); Kafka's "
             f"{KAFKA_ENTRY_BYTES} bytes per entry at the same load factor; WarpStream's "
             f"{WARPSTREAM_ENTRY_BYTES} bytes per entry. Checked: {n:,} distinct keys inserted into "
             f"one map without it filling, and a sample of {len(picks):,} looked up to their own "
             f"offsets ({wrong} wrong)."),
         measure("kvlog", "kvlog OffsetMap", "keys", [capacity], inserted=size_after,
                  lookup_sample=len(picks), lookup_wrong=wrong),
-        [measure("goal", "goal: 7 M keys per 128 MiB", "keys", [goal_keys]),
+        [measure("target", "target: 7 M keys per 128 MiB", "keys", [target_keys]),
          measure("kafka_24B", "Kafka, 24 B/entry, load 0.9", "keys", [kafka]),
          measure("warpstream_41B", "WarpStream, 41 B/entry", "keys", [warpstream])],
         higher_is_better=True, seconds=0.0,
-        goal={"text": f"capacity >= {goal_keys:,} keys and all {n:,} keys fit in one pass",
-              "value": capacity, "met": bool(capacity >= goal_keys and size_after == n and not wrong)},
+        target={"text": f"capacity >= {target_keys:,} keys and all {n:,} keys fit in one pass",
+              "value": capacity, "met": bool(capacity >= target_keys and size_after == n and not wrong)},
         **common,
     )
     build_entry = make_entry(
@@ -586,7 +586,7 @@ def _memory_entry(bench_id: str, title: str, of: str, child: dict[str, Any], map
                  vm_hwm_mib=(child["vm_hwm_kib"] or 0) / 1024, samples=child["samples"]),
         [measure("bound", f"offset_map_bytes + {RSS_SLACK_BYTES // MiB} MiB", "MiB", [bound / MiB])],
         higher_is_better=False, seconds=0.0,
-        goal={"text": f"peak - baseline <= offset_map_bytes + {RSS_SLACK_BYTES // MiB} MiB",
+        target={"text": f"peak - baseline <= offset_map_bytes + {RSS_SLACK_BYTES // MiB} MiB",
               "value": growth / MiB, "met": bool(growth <= bound),
               "absolute_peak_met": bool(child["peak_kib"] * 1024 <= bound)},
         offset_map_bytes=map_bytes, **extra,
@@ -632,7 +632,7 @@ def bench_one_round(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
         [measure("io_floor", "pyarrow: read inputs twice, write survivors once", "s",
                   floor["runs_s"], detail=floor)],
         higher_is_better=False, seconds=perf_counter() - began,
-        goal={"text": "one round: not partial, all keys kept", "value": report["records_written"],
+        target={"text": "one round: not partial, all keys kept", "value": report["records_written"],
               "met": one_round},
         keys=n, load=loaded, loadavg=load,
     )
@@ -687,7 +687,7 @@ def bench_vs_floor(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
             f"decompresses), then the surviving records (read beforehand, untimed, from the "
             f"compaction's own outputs) written once with ipc.new_file in the same compression and "
             f"fsynced, as the store's put does; median of {sizes.floor_repeats} runs. Ratio = "
-            f"compaction seconds / floor seconds; goal <= {FLOOR_GOAL_RATIO}."),
+            f"compaction seconds / floor seconds; target <= {FLOOR_TARGET_RATIO}."),
         measure("kvlog", "Store.compact(force=True)", "s", child["compact_runs_s"],
                  records_per_s=sizes.records / compact_s if compact_s else None, report=report,
                  peak_rss_growth_mib=growth_mib, baseline_rss_mib=child["baseline_kib"] / 1024,
@@ -696,8 +696,8 @@ def bench_vs_floor(sizes: Sizes, work: Path) -> list[dict[str, Any]]:
         [measure("io_floor", "pyarrow: read inputs twice, write survivors once", "s", floor["runs_s"],
                   detail=floor)],
         higher_is_better=False, seconds=perf_counter() - began,
-        goal={"text": f"compaction <= {FLOOR_GOAL_RATIO}x the I/O floor", "value": ratio,
-              "met": None if ratio is None else bool(ratio <= FLOOR_GOAL_RATIO), "correct": correct},
+        target={"text": f"compaction <= {FLOOR_TARGET_RATIO}x the I/O floor", "value": ratio,
+              "met": None if ratio is None else bool(ratio <= FLOOR_TARGET_RATIO), "correct": correct},
         records=sizes.records, keys=sizes.keys, distinct_keys=distinct, load=loaded, loadavg=load,
     ), memory_entry]
 
@@ -770,7 +770,7 @@ def bench_requests(sizes: Sizes, work: Path, server: Any | None) -> dict[str, An
         measure("kvlog", "stream GETs per input file", "GETs/file", [per_file], rows=rows),
         [measure("design", "design: 2 per input file", "GETs/file", [2.0])],
         higher_is_better=False, seconds=perf_counter() - began,
-        goal={"text": "exactly 2 stream GETs per input file, for 1, 4 and 16 files", "value": per_file,
+        target={"text": "exactly 2 stream GETs per input file, for 1, 4 and 16 files", "value": per_file,
               "met": met},
         loadavg=load,
     )
@@ -883,7 +883,7 @@ def _notes(e: dict[str, Any]) -> list[str]:
 
 
 def format_table(document: dict[str, Any]) -> str:
-    """The results as a plain-text table: figure, anchors, ratios, goal."""
+    """The results as a plain-text table: figure, anchors, ratios, target."""
     return text_table(document, "kvlog compaction benchmarks", _fmt, id_width=28, anchor_width=44, name_width=30,
                       notes=_notes)
 

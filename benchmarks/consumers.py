@@ -67,7 +67,7 @@ def bench_consumer_throughput(ctx: Context) -> dict[str, Any]:
         f"order) over the same records: the read path a consumer adds its positions to."
     )
     return make_entry(
-        "consumer.poll", "consumer", 18, "records/s through Consumer.poll", method,
+        "consumer.poll", "consumer", "records/s through Consumer.poll", method,
         measurement("kvlog", "Consumer.poll, 500 a call", "records/s", poll_runs, records=total),
         [measurement("changes", "store.changes()", "records/s", changes_runs, records=total)],
         seconds=perf_counter() - began,
@@ -121,7 +121,7 @@ def bench_consumer_latency(ctx: Context) -> dict[str, Any]:
         f"must land before any reader sees it)."
     )
     return make_entry(
-        "consumer.latency", "consumer", 18, "put(sync=True) in another process -> poll returns it",
+        "consumer.latency", "consumer", "put(sync=True) in another process -> poll returns it",
         method,
         measurement("kvlog", "put -> poll, other process", "ms", [1000 * sorted(e2e)[len(e2e) // 2]],
                     latencies_s=e2e, puts=count, follow_interval_ms=follow_ms),

@@ -125,7 +125,7 @@ def bench_store_get_many(ctx: Context) -> dict[str, Any]:
         return measurement(key, name, "keys/s", runs[key], paired_ratios=paired)
 
     return make_entry(
-        "store.get_many", "store", 4, "get_many of 100 keys", method,
+        "store.get_many", "store", "get_many of 100 keys", method,
         measurement("kvlog", "kvlog get_many(100 keys)", "keys/s", runs["kvlog"]),
         [anchor("kvlog_gets", "kvlog, 100 get calls"),
          anchor("lmdb_getmulti", "py-lmdb Cursor.getmulti, a read txn per call"),

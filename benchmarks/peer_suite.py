@@ -11,7 +11,7 @@ Steps (``--only`` ids): ``peers.load`` (bulk load, kvlog's index merge counted),
 ``peers.gets``, ``peers.scan`` (full scan), ``peers.short_scans`` (with and without index
 runs pending), ``peers.ycsb`` (workloads A-F, :mod:`benchmarks.ycsb`), and, in
 :mod:`benchmarks.peer_system`, ``peers.durable_threads``, ``peers.reopen`` and
-``peers.space``. Targets are recorded with ``met`` (``goal`` in the JSON, as in the main
+``peers.space``. Targets are recorded with ``met`` (``target`` in the JSON, as in the main
 suite) and printed, never asserted.
 """
 
@@ -103,7 +103,7 @@ TINY = PeerSettings("tiny", records=3_000, ops=3_000, scan_ops=600, short_scans=
                     durable_seconds=0.3, reopen_keys=3_000, space_keys=5_000, pending_commits=4,
                     killed_states=())
 
-#: Targets per entry id (``goal`` entries of the JSON): a ratio bound against one peer, or a
+#: Targets per entry id (``target`` entries of the JSON): a ratio bound against one peer, or a
 #: bound on the entry's own metric.
 TARGETS: dict[str, list[dict[str, Any]]] = {
     "peers.ycsb_e": [{"anchor": "lmdb", "min_ratio": 0.8, "text": "YCSB E >= 0.8x py-lmdb"},
@@ -131,7 +131,7 @@ METHOD = (
     "time.perf_counter; every timed write run starts after gc.collect() and os.sync(). kvlog "
     "uses the default StoreConfig unless an entry says otherwise. Each entry's method states "
     "what each side does and how durable its writes are. `speedup` > 1 means kvlog is faster. "
-    "Targets are printed with the figures (`goal`, `met`), never asserted."
+    "Targets are printed with the figures (`target`, `met`), never asserted."
 )
 
 
@@ -161,22 +161,22 @@ def peer_entry(bench_id: str, title: str, method: str, subject: dict[str, Any],
     for anchor in anchors:
         paired = [k / a for k, a in zip(subject["runs"], anchor["runs"], strict=False) if a]
         anchor.setdefault("paired_ratios", paired)
-    entry = make_entry(bench_id, "peers", 0, title, method, subject, anchors, **extra)
+    entry = make_entry(bench_id, "peers", title, method, subject, anchors, **extra)
     for anchor in anchors:
         paired = anchor["paired_ratios"]
         entry["ratios"][anchor["key"]]["range"] = [min(paired), max(paired)] if paired else None
-    goals = [_evaluate(t, entry) for t in TARGETS.get(bench_id, [])]
-    if goals:
-        entry["goal"] = goals[0]
-        entry["goals"] = goals
+    targets = [_evaluate(t, entry) for t in TARGETS.get(bench_id, [])]
+    if targets:
+        entry["target"] = targets[0]
+        entry["targets"] = targets
     return entry
 
 
 def _failed(bench_id: str, title: str, status: str, reason: str) -> dict[str, Any]:
-    entry = failed_entry(bench_id, "peers", 0, title, status, reason)
-    goals = [{**t, "value": None, "met": None} for t in TARGETS.get(bench_id, [])]
-    if goals:
-        entry["goal"], entry["goals"] = goals[0], goals
+    entry = failed_entry(bench_id, "peers", title, status, reason)
+    targets = [{**t, "value": None, "met": None} for t in TARGETS.get(bench_id, [])]
+    if targets:
+        entry["target"], entry["targets"] = targets[0], targets
     return entry
 
 
@@ -660,7 +660,7 @@ def run_peer_benchmarks(
         "settings": {**asdict(settings), "key_bytes": KEY_BYTES, "value_bytes": VALUE_BYTES},
         "store_config": kvlog.StoreConfig().to_dict(), "method": METHOD,
         "durability": {c.key: c.durability for c in (KvlogPeer, LmdbPeer, RocksdictPeer, SqlitePeer)},
-        "goals": TARGETS, "benchmarks": entries,
+        "targets": TARGETS, "benchmarks": entries,
     }
     if out_dir is not None:
         name = "peers.json" if settings.mode == "full" else f"peers-{settings.mode}.json"

@@ -48,13 +48,13 @@ def rows(document: dict[str, Any]) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     for entry in document["benchmarks"]:
         if entry["status"] != "ok":
-            goal = entry.get("goal")
+            target = entry.get("target")
             out.append({"benchmark": entry["title"], "kvlog": entry["status"], "anchor": "",
-                        "anchor_value": "", "ratio": "", "goal": goal["text"] if goal else "",
+                        "anchor_value": "", "ratio": "", "target": target["text"] if target else "",
                         "result": entry["status"], "note": entry.get("reason", "")[:200]})
             continue
         for i, anchor in enumerate(entry["anchors"]):
-            goal = _goal_for(entry, anchor["key"], i)
+            target = _target_for(entry, anchor["key"], i)
             ratio = entry["ratios"][anchor["key"]]["ratio"]
             row = {
                 "benchmark": entry["title"] if i == 0 else "",
@@ -62,13 +62,13 @@ def rows(document: dict[str, Any]) -> list[dict[str, str]]:
                 "anchor": anchor["name"],
                 "anchor_value": _figure(anchor),
                 "ratio": "-" if ratio is None else (f"{ratio:.3g}x" if ratio < 1000 else f"{ratio:,.0f}x"),
-                "goal": "", "result": "", "note": "",
+                "target": "", "result": "", "note": "",
             }
-            if goal is not None:
-                row["goal"] = goal["text"]
-                row["result"] = {True: "pass", False: "MISS", None: "-"}[goal["met"]]
-                if "metric" in goal and goal.get("value") is not None:
-                    row["note"] = _metric_note(entry, goal)
+            if target is not None:
+                row["target"] = target["text"]
+                row["result"] = {True: "pass", False: "MISS", None: "-"}[target["met"]]
+                if "metric" in target and target.get("value") is not None:
+                    row["note"] = _metric_note(entry, target)
                 context = entry.get("context", {})
                 notes = [(f"{name}: {context[key]['value'] / anchor['value']:.2f}x")
                          for key, name in _CONTEXT_NOTES
@@ -83,27 +83,27 @@ def rows(document: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
-def _goals(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """An entry's goals: ``goals`` where it has several, else its ``goal``."""
-    if entry.get("goals"):
-        return list(entry["goals"])
-    return [entry["goal"]] if entry.get("goal") else []
+def _targets(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """An entry's targets: ``targets`` where it has several, else its ``target``."""
+    if entry.get("targets"):
+        return list(entry["targets"])
+    return [entry["target"]] if entry.get("target") else []
 
 
-def _goal_for(entry: dict[str, Any], anchor: str, row: int) -> dict[str, Any] | None:
-    """The goal judged against ``anchor``, or a goal on the entry's own metric (on its first row)."""
-    for goal in _goals(entry):
-        if goal.get("anchor") == anchor or ("anchor" not in goal and row == 0):
-            return goal
+def _target_for(entry: dict[str, Any], anchor: str, row: int) -> dict[str, Any] | None:
+    """The target judged against ``anchor``, or a target on the entry's own metric (on its first row)."""
+    for target in _targets(entry):
+        if target.get("anchor") == anchor or ("anchor" not in target and row == 0):
+            return target
     return None
 
 
-def _metric_note(entry: dict[str, Any], goal: dict[str, Any]) -> str:
-    """The figure a goal on an entry's own metric is judged by, for the table's note."""
-    if goal["metric"] == "slowest_ms":
+def _metric_note(entry: dict[str, Any], target: dict[str, Any]) -> str:
+    """The figure a target on an entry's own metric is judged by, for the table's note."""
+    if target["metric"] == "slowest_ms":
         runs = entry["subject"]["runs"]
         return f"runs {format_ms(min(runs))} to {format_ms(max(runs))}"
-    return f"growth {goal['value']:.1f} MiB"
+    return f"growth {target['value']:.1f} MiB"
 
 
 #: Figures measured beside an anchor, shown in the table's note: (key, what it is).
@@ -125,16 +125,16 @@ def render_table(document: dict[str, Any], file: IO[str] | None = None) -> None:
              f"{document['wall_seconds']:.0f} s")
     table = Table(title=title, show_lines=True)
     for name, justify in (("benchmark", "left"), ("kvlog", "right"), ("anchor", "left"),
-                          ("anchor value", "right"), ("kvlog / anchor", "right"), ("goal", "left"),
+                          ("anchor value", "right"), ("kvlog / anchor", "right"), ("target", "left"),
                           ("result", "center")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in rows(document):
         result = row["result"]
         style = {"pass": "green", "MISS": "bold red", "error": "bold red", "skipped": "yellow"}.get(result)
         result_text = f"[{style}]{result}[/{style}]" if style else result
-        goal = row["goal"] + (f"\n{row['note']}" if row["note"] else "")
+        target = row["target"] + (f"\n{row['note']}" if row["note"] else "")
         table.add_row(row["benchmark"], row["kvlog"], row["anchor"], row["anchor_value"],
-                      row["ratio"], goal, result_text)
+                      row["ratio"], target, result_text)
     console = Console(file=file, width=max(150, Console(file=file).width))
     console.print(table)
 
@@ -149,12 +149,12 @@ def markdown(document: dict[str, Any]) -> str:
         f"{document['wall_seconds']:.0f} s; load average at start "
         f"{machine.get('load_average_start')}, at end {machine.get('load_average_end')}.",
         "",
-        "| benchmark | kvlog | anchor | anchor value | kvlog / anchor | goal | result |",
+        "| benchmark | kvlog | anchor | anchor value | kvlog / anchor | target | result |",
         "|---|---:|---|---:|---:|---|:---:|",
     ]
     for row in rows(document):
         cells = [row["benchmark"], row["kvlog"], row["anchor"], row["anchor_value"], row["ratio"],
-                 row["goal"] + (f" ({row['note']})" if row["note"] else ""), row["result"]]
+                 row["target"] + (f" ({row['note']})" if row["note"] else ""), row["result"]]
         lines.append("| " + " | ".join(c.replace("\n", " ").replace("|", "/") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -194,18 +194,18 @@ def plot_or_skip(document: dict[str, Any], target: Path) -> list[str]:
 def text_table(document: dict[str, Any], title: str, fmt: Callable[[Any, str], str], *, id_width: int,
                anchor_width: int, name_width: int,
                notes: Callable[[dict[str, Any]], list[str]] = lambda entry: []) -> str:
-    """A group's results as a plain-text table: figure, anchors, ratios, goal, then ``notes(entry)``."""
+    """A group's results as a plain-text table: figure, anchors, ratios, target, then ``notes(entry)``."""
     lines = [f"{title} ({document['mode']}, {document['date']}, {document['wall_seconds']:.0f} s; load "
              f"{document['machine'].get('loadavg_start')} -> {document['machine'].get('loadavg_end')})"]
-    header = f"{'benchmark':<{id_width}} {'kvlog':>18} {'anchor':<{anchor_width}} {'ratio':>8}  goal"
+    header = f"{'benchmark':<{id_width}} {'kvlog':>18} {'anchor':<{anchor_width}} {'ratio':>8}  target"
     lines += [header, "-" * len(header)]
     for e in document["benchmarks"]:
         if e["status"] != "ok":
             lines.append(f"{e['id']:<{id_width}} {e['status']}: {e.get('reason', '')[:100]}")
             continue
         subject = fmt(e["subject"]["value"], e["unit"])
-        goal = e.get("goal")
-        verdict = "" if goal is None else f"{'met' if goal.get('met') else 'NOT met'}: {goal['text']}"
+        target = e.get("target")
+        verdict = "" if target is None else f"{'met' if target.get('met') else 'NOT met'}: {target['text']}"
         for i, anchor in enumerate(e["anchors"]):
             ratio = e["ratios"][anchor["key"]]["ratio"]
             text = f"{anchor['name'][:name_width]} {fmt(anchor['value'], anchor['unit'])}"
@@ -229,7 +229,7 @@ def plot(document: dict[str, Any], out_json: str | os.PathLike[str]) -> list[Pat
     labels: list[str] = []
     speedups: list[float] = []
     colors: list[str] = []
-    goal_marks: list[tuple[int, float]] = []
+    target_marks: list[tuple[int, float]] = []
     for entry in document["benchmarks"]:
         if entry["status"] != "ok" or entry["id"] == "store.memory":
             continue
@@ -239,14 +239,14 @@ def plot(document: dict[str, Any], out_json: str | os.PathLike[str]) -> list[Pat
                 continue
             labels.append(f"{entry['title']}\nvs {anchor['name']}")
             speedups.append(speedup)
-            goal = next((g for g in _goals(entry) if g.get("anchor") == anchor["key"]), None)
-            if goal is not None:
-                colors.append("tab:green" if goal["met"] else "tab:red")
+            target = next((g for g in _targets(entry) if g.get("anchor") == anchor["key"]), None)
+            if target is not None:
+                colors.append("tab:green" if target["met"] else "tab:red")
                 # On the speedup scale: ``speedup_target`` where the entry gives one (a bound
                 # on a lower-is-better figure turns into 1 / bound), else ``min_ratio``.
-                target = goal.get("speedup_target", goal.get("min_ratio"))
-                if target is not None:
-                    goal_marks.append((len(labels) - 1, float(target)))
+                tick = target.get("speedup_target", target.get("min_ratio"))
+                if tick is not None:
+                    target_marks.append((len(labels) - 1, float(tick)))
             else:
                 colors.append("tab:blue" if speedup >= 1 else "tab:gray")
     if labels:
@@ -254,18 +254,18 @@ def plot(document: dict[str, Any], out_json: str | os.PathLike[str]) -> list[Pat
         y = list(range(len(labels)))
         ax.barh(y, speedups, color=colors)
         ax.set_xscale("log")
-        marks = [target for _row, target in goal_marks]
+        marks = [tick for _row, tick in target_marks]
         ax.set_xlim(min([*speedups, *marks, 1.0]) / 2, max([*speedups, *marks, 1.0]) * 2.5)
         ax.axvline(1.0, color="black", linewidth=1)
-        for row, target in goal_marks:
-            ax.plot([target, target], [row - 0.4, row + 0.4], color="black", linewidth=2.5)
+        for row, tick in target_marks:
+            ax.plot([tick, tick], [row - 0.4, row + 0.4], color="black", linewidth=2.5)
         for row, value in enumerate(speedups):
             ax.text(value, row, f" {value:.2g}x", va="center", fontsize=8)
         ax.set_yticks(y)
         ax.set_yticklabels(labels, fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel("kvlog speed relative to the anchor (log scale; > 1: kvlog faster; "
-                      "latency: anchor / kvlog). Black ticks: goals.")
+                      "latency: anchor / kvlog). Black ticks: targets.")
         ax.set_title(f"{document.get('title', 'kvlog benchmarks')} ({document['mode']}), {document['date']}: "
                      "kvlog vs anchors, same run")
         fig.tight_layout()
@@ -283,11 +283,11 @@ def plot(document: dict[str, Any], out_json: str | os.PathLike[str]) -> list[Pat
         details = [small.get("detail", {}), large.get("detail", {})]
         peaks = [small["value"], large["value"]]
         baseline = [d.get("baseline_kib", 0) / 1024 for d in details]
-        ax.bar(names, peaks, color=["tab:blue", "tab:red" if not memory["goal"]["met"] else "tab:green"],
+        ax.bar(names, peaks, color=["tab:blue", "tab:red" if not memory["target"]["met"] else "tab:green"],
                label="peak RssAnon")
         ax.bar(names, baseline, color="lightgray", label="after imports")
-        ax.axhline(peaks[0] + memory["goal"]["max"], color="black", linestyle="--",
-                   label=f"goal: small peak + {memory['goal']['max']:.0f} MiB")
+        ax.axhline(peaks[0] + memory["target"]["max"], color="black", linestyle="--",
+                   label=f"target: small peak + {memory['target']['max']:.0f} MiB")
         for i, value in enumerate(peaks):
             ax.text(i, value, f"{value:.0f} MiB", ha="center", va="bottom")
         ax.set_ylabel("MiB")

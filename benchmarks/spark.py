@@ -103,7 +103,7 @@ TINY = Sizes("tiny", compact_records=20_000, compact_keys=10_000, materialize_re
              materialize_keys=4_000, records_per_file=5_000, shuffle_partitions=4, repeats=1, compact_repeats=1)
 
 METHOD = (
-    "Durations from time.perf_counter around the Spark call alone (the session is started and "
+    "Durations from time.perf_counter around the Spark call alone (the Spark session is started and "
     "warmed by a small job first). Keys are 16 bytes (SplitMix64 of the key index, as in the "
     "compaction benchmarks), values `value_bytes` random bytes; the key indices are a permutation "
     "of all K keys followed by R-K uniform draws, shuffled, so every key occurs and K survive. "
@@ -111,7 +111,7 @@ METHOD = (
     "summed over this process and all its descendants, sampled every 0.5 s, minus that sum just "
     "before the call; RssAnon leaves out memory-mapped and page-cache pages. Spark runs in local "
     "mode in this process (`master`), `shuffle_partitions` shuffle partitions, driver memory "
-    "`driver_memory` (unless a session was given). The machine may be shared: the load average "
+    "`driver_memory` (unless a Spark session was given). The machine may be shared: the load average "
     "before and after each benchmark is recorded (`loadavg`)."
 )
 
@@ -119,10 +119,10 @@ METHOD = (
 # -- helpers -----------------------------------------------------------------------------------
 
 def make_entry(bench_id: str, title: str, method: str, subject: dict[str, Any], anchors: list[dict[str, Any]],
-           *, higher_is_better: bool, seconds: float, goal: dict[str, Any] | None = None,
+           *, higher_is_better: bool, seconds: float, target: dict[str, Any] | None = None,
            **extra: Any) -> dict[str, Any]:
     return compaction_entry(bench_id, title, method, subject, anchors, higher_is_better=higher_is_better,
-                            seconds=seconds, goal=goal, group="spark", **extra)
+                            seconds=seconds, target=target, group="spark", **extra)
 
 
 def _failed(bench_id: str, title: str, status: str, reason: str) -> dict[str, Any]:
@@ -346,7 +346,7 @@ def bench_materialize_and_read(spark: Any, sizes: Sizes, work: Path) -> list[dic
             "repeat by repeat; the limit compares with the best of them (paired_ratios: each "
             "repeat's kvlog time over that repeat's best pipeline)."),
         subject, anchors, higher_is_better=False, seconds=perf_counter() - began,
-        goal={"text": f"at most {MATERIALIZE_LIMIT}x the best hand-written pipeline ({best['key']})",
+        target={"text": f"at most {MATERIALIZE_LIMIT}x the best hand-written pipeline ({best['key']})",
               "value": ratio, "met": bool(ratio <= MATERIALIZE_LIMIT and correct)},
         paired_ratios=paired, ratio_range=[min(paired), max(paired)], limit=MATERIALIZE_LIMIT,
         rows=rows, anchor_rows=counts, correct=correct, log_to_parquet_s=to_parquet_s,
@@ -385,7 +385,7 @@ def run_spark_benchmarks(
 ) -> dict[str, Any]:
     """Run the Spark benchmarks; write ``out_dir/spark.json`` (quick: ``spark-quick.json``).
 
-    ``sizes`` overrides the preset (FULL, or QUICK when ``quick``); ``spark`` is a session to
+    ``sizes`` overrides the preset (FULL, or QUICK when ``quick``); ``spark`` is a Spark session to
     use (else one is started with the sizes' master, shuffle partitions and driver memory, and
     stopped at the end); ``progress`` is called with a line before and after each benchmark.
     Returns the JSON-able document.
@@ -401,20 +401,20 @@ def run_spark_benchmarks(
     info["loadavg_start"] = loadavg()
     own = spark is None
     entries: list[dict[str, Any]] = []
-    session: Any = None
+    spark_session: Any = None
     try:
         t0 = perf_counter()
-        session = _session(chosen) if spark is None else spark
+        spark_session = _session(chosen) if spark is None else spark
         info["session_start_s"] = perf_counter() - t0 if own else None
-        info["spark"] = {"version": session.version, "master": session.sparkContext.master,
-                         "shuffle_partitions": session.conf.get("spark.sql.shuffle.partitions"),
-                         "driver_memory": session.conf.get("spark.driver.memory", "1g"),
+        info["spark"] = {"version": spark_session.version, "master": spark_session.sparkContext.master,
+                         "shuffle_partitions": spark_session.conf.get("spark.sql.shuffle.partitions"),
+                         "driver_memory": spark_session.conf.get("spark.driver.memory", "1g"),
                          "own_session": own}
-        info["warm_up_s"] = _warm_up(session, work)
+        info["warm_up_s"] = _warm_up(spark_session, work)
         steps: list[tuple[str, str, Callable[[], list[dict[str, Any]]]]] = [
-            ("spark.compact", "(a) exact compaction", lambda: bench_compact(session, chosen, work)),
+            ("spark.compact", "(a) exact compaction", lambda: bench_compact(spark_session, chosen, work)),
             ("spark.materialize", "(b) materialize + (c) read rate",
-             lambda: bench_materialize_and_read(session, chosen, work)),
+             lambda: bench_materialize_and_read(spark_session, chosen, work)),
         ]
         for step_id, title, fn in steps:
             say(f"{title} ...")
@@ -428,8 +428,8 @@ def run_spark_benchmarks(
             say(f"{title}: {perf_counter() - t1:.1f} s")
             gc.collect()
     finally:
-        if own and session is not None:
-            session.stop()
+        if own and spark_session is not None:
+            spark_session.stop()
         shutil.rmtree(work, ignore_errors=True)
     info["loadavg_end"] = loadavg()
     document: dict[str, Any] = {
@@ -464,7 +464,7 @@ def _notes(e: dict[str, Any]) -> list[str]:
 
 
 def format_table(document: dict[str, Any]) -> str:
-    """The results as a plain-text table: figure, anchors, ratios, goal."""
+    """The results as a plain-text table: figure, anchors, ratios, target."""
     return text_table(document, "kvlog Spark benchmarks", _fmt, id_width=22, anchor_width=50, name_width=34,
                       notes=_notes)
 

@@ -123,7 +123,7 @@ def bench_compact(spark: Any, sizes: Any, work: Path) -> list[dict[str, Any]]:
             seconds["kvlog"]), report=reports[0].to_dict()),
         [measure("hand_written", "Spark row_number dedup over Parquet + write", "s", seconds["hand_written"])],
         higher_is_better=False, seconds=perf_counter() - began,
-        goal={"text": "exact: the hand-written job's survivors, no duplicate key, every key kept",
+        target={"text": "exact: the hand-written job's survivors, no duplicate key, every key kept",
               "met": is_exact, "value": exact},
         survivors_compared=same, paired_ratios=time_ratios,
         ratio_range=[min(time_ratios), max(time_ratios)], limit=COMPACT_LIMIT,

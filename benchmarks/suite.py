@@ -2,7 +2,7 @@
 
 Every benchmark produces one *entry*: the kvlog figure (the *subject*), one or
 more *anchors* measured in the same process on the same data just before or
-after it, the ratios ``subject / anchor``, and, where there is one, a goal
+after it, the ratios ``subject / anchor``, and, where there is one, a target
 with its outcome. Throughputs are the median of ``repeats`` runs (``puts_repeats`` for the
 puts); latencies are per-operation ``perf_counter`` samples summarised as p50/p90/p99.
 
@@ -114,8 +114,8 @@ TINY = Settings("tiny", records=3_000, repeats=1, puts_repeats=1, append_batches
                 commit_samples=20, rss_sizes=(2_000, 10_000), latency_samples=1_000, rss_gets=1_000,
                 recovery_keys=3_000)
 
-#: Goals printed next to the figures (not asserted).
-GOALS: dict[str, dict[str, Any]] = {
+#: Targets printed next to the figures (not asserted).
+TARGETS: dict[str, dict[str, Any]] = {
     "store.puts": {"anchor": "lmdb", "min_ratio": 1.0, "text": "puts >= 1.0x raw LMDB"},
     "store.gets": {"anchor": "lmdb", "min_ratio": 0.5, "text": "gets >= 0.5x raw LMDB"},
     "store.scan": {"anchor": "lmdb_cursor", "min_ratio": 0.5, "text": "scan >= 0.5x LMDB cursor"},
@@ -136,7 +136,7 @@ GENERAL_METHOD = (
     "per-operation samples (p50/p90/p99 in milliseconds). kvlog stores use the default "
     "StoreConfig (recorded in `store_config`) unless `settings.store_settings` says otherwise. "
     "The Python garbage collector stays on, as in real use. Ratios are kvlog / anchor in the "
-    "benchmark's unit; `speedup` turns it so that > 1 always means kvlog is faster. Goals are "
+    "benchmark's unit; `speedup` turns it so that > 1 always means kvlog is faster. Targets are "
     "printed, not asserted."
 )
 
@@ -154,10 +154,10 @@ def measurement(key: str, name: str, unit: str, runs: Sequence[float], *,
     return out
 
 
-def make_entry(bench_id: str, group: str, issue: int, title: str, method: str,
+def make_entry(bench_id: str, group: str, title: str, method: str,
                subject: dict[str, Any], anchors: list[dict[str, Any]], *,
                higher_is_better: bool = True, seconds: float = 0.0, **extra: Any) -> dict[str, Any]:
-    """A benchmark's entry: subject, anchors, ratios and the goal's outcome."""
+    """A benchmark's entry: subject, anchors, ratios and the target's outcome."""
     ratios: dict[str, dict[str, float | None]] = {}
     for anchor in anchors:
         value = anchor["value"]
@@ -165,40 +165,40 @@ def make_entry(bench_id: str, group: str, issue: int, title: str, method: str,
         speedup = None if ratio is None or ratio == 0 else (ratio if higher_is_better else 1.0 / ratio)
         ratios[anchor["key"]] = {"ratio": ratio, "speedup": speedup}
     entry: dict[str, Any] = {
-        "id": bench_id, "group": group, "issue": issue, "title": title, "status": "ok",
+        "id": bench_id, "group": group, "title": title, "status": "ok",
         "unit": subject["unit"], "higher_is_better": higher_is_better, "method": method,
         "subject": subject, "anchors": anchors, "ratios": ratios, "seconds": seconds,
     }
     entry.update(extra)
-    goal = GOALS.get(bench_id)
-    if goal is not None:
-        entry["goal"] = evaluate_goal(goal, entry)
+    target = TARGETS.get(bench_id)
+    if target is not None:
+        entry["target"] = evaluate_target(target, entry)
     return entry
 
 
-def evaluate_goal(goal: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
-    """The goal with its measured value and ``met`` (True/False, None when not measurable)."""
-    out = dict(goal)
-    if "anchor" in goal:
-        value = entry["ratios"].get(goal["anchor"], {}).get("ratio")
+def evaluate_target(target: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """The target with its measured value and ``met`` (True/False, None when not measurable)."""
+    out = dict(target)
+    if "anchor" in target:
+        value = entry["ratios"].get(target["anchor"], {}).get("ratio")
         out["value"] = value
-        out["met"] = None if value is None else bool(value >= goal["min_ratio"])
+        out["met"] = None if value is None else bool(value >= target["min_ratio"])
     else:
-        value = entry.get(goal["metric"])
+        value = entry.get(target["metric"])
         out["value"] = value
-        out["met"] = None if value is None else bool(value < goal["max"])
+        out["met"] = None if value is None else bool(value < target["max"])
     return out
 
 
-def failed_entry(bench_id: str, group: str, issue: int, title: str, status: str,
+def failed_entry(bench_id: str, group: str, title: str, status: str,
                  reason: str) -> dict[str, Any]:
     """An entry for a benchmark that could not run (``skipped``) or raised (``error``)."""
-    entry: dict[str, Any] = {"id": bench_id, "group": group, "issue": issue, "title": title,
+    entry: dict[str, Any] = {"id": bench_id, "group": group, "title": title,
                              "status": status, "reason": reason, "subject": None, "anchors": [],
                              "ratios": {}}
-    goal = GOALS.get(bench_id)
-    if goal is not None:
-        entry["goal"] = {**goal, "value": None, "met": None}
+    target = TARGETS.get(bench_id)
+    if target is not None:
+        entry["target"] = {**target, "value": None, "met": None}
     return entry
 
 
@@ -420,7 +420,7 @@ def bench_log_append(ctx: Context) -> dict[str, Any]:
         f"metasync=True) in one write transaction, commit included."
     )
     return make_entry(
-        "log.append", "log", 3, f"Producer.append, {size}-record batches", method,
+        "log.append", "log", f"Producer.append, {size}-record batches", method,
         measurement("kvlog", "kvlog Producer.append", "records/s", kv_runs, latencies_s=kv_lat,
                     records=total, batch_records=size),
         [measurement("lmdb", "py-lmdb puts, one txn", "records/s", lm_runs, records=total)],
@@ -515,13 +515,13 @@ def bench_log_durable_local(ctx: Context) -> list[dict[str, Any]]:
         f"put (each commit fsyncs)."
     )
     return [
-        make_entry("log.durable_local_sync_put", "log", 3, "durable flushes/s, local, put(sync=True)",
+        make_entry("log.durable_local_sync_put", "log", "durable flushes/s, local, put(sync=True)",
                    "kvlog: store.put(key, value, sync=True) in a loop; every call waits for its "
                    "own flush. " + common,
                    measurement("kvlog", "kvlog put(sync=True)", "flushes/s", sync_runs,
                                latencies_s=sync_lat),
                    [anchor], seconds=seconds),
-        make_entry("log.durable_local_flush_loop", "log", 3, "durable flushes/s, local, put + flush()",
+        make_entry("log.durable_local_flush_loop", "log", "durable flushes/s, local, put + flush()",
                    "kvlog: store.put(key, value) then store.flush() in a loop (one record per "
                    "flush). " + common,
                    measurement("kvlog", "kvlog put + flush()", "flushes/s", flush_runs,
@@ -629,17 +629,17 @@ def bench_log_s3(ctx: Context) -> list[dict[str, Any]]:
     p50 = percentiles(append_lat).get("p50", 0.0)
     raw_p50 = percentiles(raw_commit_lat).get("p50", 0.0)
     return [
-        make_entry("log.durable_s3_sync_put", "log", 3, "durable flushes/s, SeaweedFS, put(sync=True)",
+        make_entry("log.durable_s3_sync_put", "log", "durable flushes/s, SeaweedFS, put(sync=True)",
                    "kvlog: store.put(key, value, sync=True) in a loop. " + common,
                    measurement("kvlog", "kvlog put(sync=True)", "flushes/s", sync_runs,
                                latencies_s=sync_lat),
                    [anchor], seconds=seconds),
-        make_entry("log.durable_s3_flush_loop", "log", 3, "durable flushes/s, SeaweedFS, put + flush()",
+        make_entry("log.durable_s3_flush_loop", "log", "durable flushes/s, SeaweedFS, put + flush()",
                    "kvlog: store.put(key, value) then store.flush() in a loop. " + common,
                    measurement("kvlog", "kvlog put + flush()", "flushes/s", flush_runs,
                                latencies_s=flush_lat),
                    [anchor], seconds=0.0),
-        make_entry("log.commit_latency_s3", "log", 3,
+        make_entry("log.commit_latency_s3", "log",
                    f"commit latency p50, SeaweedFS, {size}-record append",
                    f"kvlog: {s.commit_samples} calls of Producer.append(partition, {size} records, "
                    f"base_sequence=...) on one store, round-robin over partitions, each timed "
@@ -747,7 +747,7 @@ def bench_store_puts(ctx: Context) -> dict[str, Any]:
         f"paired_ratios: kvlog's run i / py-lmdb's run i."
     )
     return make_entry(
-        "store.puts", "store", 4, "buffered puts + flush", method,
+        "store.puts", "store", "buffered puts + flush", method,
         measurement("kvlog", "kvlog put x n + flush()", "records/s", kv_runs, records=n,
                     flushes_per_run=flushes),
         [measurement("lmdb", "py-lmdb puts, one txn", "records/s", lm_runs, records=n,
@@ -933,13 +933,13 @@ def bench_store_gets(ctx: Context) -> dict[str, Any]:
         f"<= inline_value_bytes are inlined in its LMDB key index). kvlog: store.get(key), which "
         f"checks the memtable, then reads its LMDB cache in a read transaction it reuses while "
         f"that is the newest snapshot. Anchors: py-lmdb "
-        f"txn.get in one read transaction for all gets (the goal's anchor); py-lmdb with a new read "
+        f"txn.get in one read transaction for all gets (the target's anchor); py-lmdb with a new read "
         f"transaction per get; dict.get on a dict of the same records. "
         f"Each loop counts missing keys (none allowed). Latencies: the first "
         f"{len(sample):,} keys of the permutation, each get timed alone."
     )
     return make_entry(
-        "store.gets", "store", 4, "random gets", method,
+        "store.gets", "store", "random gets", method,
         measurement("kvlog", "kvlog get", "gets/s", runs["kvlog"], latencies_s=kv_lat),
         [measurement("lmdb", "py-lmdb get, one read txn", "gets/s", runs["lmdb"], latencies_s=lm_lat),
          measurement("lmdb_txn", "py-lmdb get, a read txn per get", "gets/s", runs["lmdb_txn"],
@@ -988,7 +988,7 @@ def bench_store_scan(ctx: Context) -> dict[str, Any]:
         f"transaction. Both counts must equal n; kvlog's first keys are checked against sorted order."
     )
     return make_entry(
-        "store.scan", "store", 4, "full scan", method,
+        "store.scan", "store", "full scan", method,
         measurement("kvlog", "kvlog scan()", "records/s", kv_runs),
         [measurement("lmdb_cursor", "py-lmdb cursor iteration", "records/s", lm_runs)],
         seconds=perf_counter() - began,
@@ -1032,7 +1032,7 @@ def bench_store_durable_threads(ctx: Context) -> dict[str, Any]:
         f"writers; every commit fsyncs)."
     )
     return make_entry(
-        "store.durable_threads", "store", 4, f"durable writes/s, {threads} threads, sync=True", method,
+        "store.durable_threads", "store", f"durable writes/s, {threads} threads, sync=True", method,
         measurement("kvlog", "kvlog put(sync=True)", "writes/s", kv_runs, latencies_s=kv_lat,
                     flushes_per_run=flushes),
         [measurement("lmdb_sync", "py-lmdb, one synced txn per put", "writes/s", lm_runs,
@@ -1082,7 +1082,7 @@ def bench_store_memory(ctx: Context) -> dict[str, Any]:
         f"in `runs_detail`. Growth = peak at {large:,} keys - peak at {small:,} keys."
     )
     return make_entry(
-        "store.memory", "store", 4, f"peak RssAnon, {small:,} vs {large:,} keys", method,
+        "store.memory", "store", f"peak RssAnon, {small:,} vs {large:,} keys", method,
         measurement("large", f"kvlog, {large:,} keys", "MiB", [hi_mib], keys=large, detail=hi),
         [measurement("small", f"kvlog, {small:,} keys", "MiB", [lo_mib], keys=small, detail=lo)],
         higher_is_better=False, seconds=perf_counter() - began, growth_mib=hi_mib - lo_mib,
@@ -1188,7 +1188,7 @@ def bench_store_recovery(ctx: Context) -> list[dict[str, Any]]:
                    for part in ("open", "get", "import", "process")},
                 samples=theirs, load_s=result["anchor_loads"][name]["load_s"]))
         entries.append(make_entry(
-            f"store.recovery_{state}", "store", 4, title, point + " " + common,
+            f"store.recovery_{state}", "store", title, point + " " + common,
             measurement("kvlog", "kvlog.open + first get", "ms", totals,
                         **{f"{part}_ms": [x[f"{part}_ms"] for x in kv]
                            for part in ("open", "get", "import", "process")},
@@ -1223,22 +1223,22 @@ def bench_consumer_put_to_poll(ctx: Context) -> dict[str, Any]:
     return bench_consumer_latency(ctx)
 
 
-Step = tuple[str, str, int, str, Callable[[Context], "dict[str, Any] | list[dict[str, Any]]"]]
+Step = tuple[str, str, str, Callable[[Context], "dict[str, Any] | list[dict[str, Any]]"]]
 
 STEPS: list[Step] = [
-    ("log.append", "log", 3, "Producer.append, 1000-record batches", bench_log_append),
-    ("log.durable_local", "log", 3, "durable flushes/s, local", bench_log_durable_local),
-    ("log.s3", "log", 3, "durable flushes/s and commit latency, SeaweedFS", bench_log_s3),
-    ("store.puts", "store", 4, "buffered puts + flush", bench_store_puts),
-    ("store.gets", "store", 4, "random gets", bench_store_gets),
-    ("store.scan", "store", 4, "full scan", bench_store_scan),
-    ("store.get_many", "store", 4, "get_many of 100 keys", bench_store_get_many),
-    ("store.durable_threads", "store", 4, "durable writes/s, 16 threads", bench_store_durable_threads),
-    ("store.memory", "store", 4, "peak RssAnon", bench_store_memory),
-    ("store.recovery", "store", 4, "reopen + first get after kill -9", bench_store_recovery),
-    ("store.aio", "store", 4, "asyncio overhead per call", bench_store_aio),
-    ("consumer.poll", "consumer", 18, "records/s through Consumer.poll", bench_consumer_poll),
-    ("consumer.latency", "consumer", 18, "put(sync=True) in another process -> poll",
+    ("log.append", "log", "Producer.append, 1000-record batches", bench_log_append),
+    ("log.durable_local", "log", "durable flushes/s, local", bench_log_durable_local),
+    ("log.s3", "log", "durable flushes/s and commit latency, SeaweedFS", bench_log_s3),
+    ("store.puts", "store", "buffered puts + flush", bench_store_puts),
+    ("store.gets", "store", "random gets", bench_store_gets),
+    ("store.scan", "store", "full scan", bench_store_scan),
+    ("store.get_many", "store", "get_many of 100 keys", bench_store_get_many),
+    ("store.durable_threads", "store", "durable writes/s, 16 threads", bench_store_durable_threads),
+    ("store.memory", "store", "peak RssAnon", bench_store_memory),
+    ("store.recovery", "store", "reopen + first get after kill -9", bench_store_recovery),
+    ("store.aio", "store", "asyncio overhead per call", bench_store_aio),
+    ("consumer.poll", "consumer", "records/s through Consumer.poll", bench_consumer_poll),
+    ("consumer.latency", "consumer", "put(sync=True) in another process -> poll",
      bench_consumer_put_to_poll),
 ]
 
@@ -1315,15 +1315,15 @@ def run_suite(
         info = machine_info(work)
         info["load_average_start"] = load_average()
         try:
-            for step_id, group, issue, title, fn in steps:
+            for step_id, group, title, fn in steps:
                 bar.describe(title)
                 if step_id == "log.s3" and s3_missing:
                     for sub in ("log.durable_s3_sync_put", "log.durable_s3_flush_loop",
                                 "log.commit_latency_s3"):
-                        entries.append(failed_entry(sub, group, issue, title, "skipped", s3_missing))
+                        entries.append(failed_entry(sub, group, title, "skipped", s3_missing))
                     bar.advance()
                     continue
-                entries += run_step(partial(fn, ctx), partial(failed_entry, step_id, group, issue, title, "error"))
+                entries += run_step(partial(fn, ctx), partial(failed_entry, step_id, group, title, "error"))
                 bar.advance()
         finally:
             ctx.close()
@@ -1338,7 +1338,7 @@ def run_suite(
         "settings": {**asdict(settings), "key_bytes": KEY_BYTES, "value_bytes": VALUE_BYTES},
         "store_config": config,
         "method": GENERAL_METHOD,
-        "goals": GOALS,
+        "targets": TARGETS,
         "benchmarks": entries,
     }
 

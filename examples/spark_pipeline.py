@@ -9,7 +9,7 @@
    and the state read by kvlog and by Spark is unchanged.
 
 Run it as a script (it starts a local Spark session, which takes a while on a small
-machine), or call :func:`main` with a session of your own::
+machine), or call :func:`main` with a Spark session of your own::
 
     python examples/spark_pipeline.py
 """
@@ -100,10 +100,10 @@ def main(spark: Any, workdir: str) -> None:
 if __name__ == "__main__":
     import spark_ext
 
-    session = spark_ext.get_session("local[2]", app_name="spark-pipeline")
-    session.sparkContext.setLogLevel("ERROR")
+    spark = spark_ext.get_session("local[2]", app_name="spark-pipeline")
+    spark.sparkContext.setLogLevel("ERROR")
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            main(session, tmp)
+            main(spark, tmp)
     finally:
-        session.stop()
+        spark.stop()

@@ -41,7 +41,7 @@ __all__ = ["register", "compact", "materialize", "rebuild_index"]
 
 
 def register(spark: Any) -> None:
-    """Register the ``kvlog`` data source with ``spark``, any session a user built.
+    """Register the ``kvlog`` data source with ``spark``, any Spark session a user built.
 
     Spark pushes filters into Python data sources only when the runtime setting
     ``spark.sql.python.filterPushdown.enabled`` is true (false by default). Left unset,

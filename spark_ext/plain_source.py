@@ -1,4 +1,4 @@
-"""The ``kvlog`` data source for sessions whose Python filter pushdown is off.
+"""The ``kvlog`` data source for Spark sessions whose Python filter pushdown is off.
 
 PySpark refuses a Python data source reader that implements ``pushFilters`` when
 ``spark.sql.python.filterPushdown.enabled`` is false (Spark's default), with
@@ -7,9 +7,9 @@ views with the same options through a reader that inherits PySpark's own
 ``pushFilters``: Spark then applies every filter itself, and a read is pruned only
 by its options (``startingOffsets``/``endingOffsets``, ``checkpoint``).
 
-It is what ``pip install`` registers in every session (the top-level module
+It is what ``pip install`` registers in every Spark session (the top-level module
 ``pyspark_kvlog``, which PySpark finds by its name), and what
-:func:`spark_ext.register` registers on a session whose user turned pushdown off.
+:func:`spark_ext.register` registers on a Spark session whose user turned pushdown off.
 """
 
 from __future__ import annotations

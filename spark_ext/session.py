@@ -12,7 +12,7 @@ from kvlog.errors import ConfigError
 
 __all__ = ["get_session", "check_java", "console_progress", "SESSION_DEFAULTS"]
 
-#: The settings :func:`get_session` gives a session it builds (a keyword or ``ui`` overrides them).
+#: The settings :func:`get_session` gives a Spark session it builds (a keyword or ``ui`` overrides them).
 SESSION_DEFAULTS: dict[str, str] = {
     # 16 shuffle partitions: Spark's 200 made deduplication about 1.8x slower on 2 cores.
     "spark.sql.shuffle.partitions": "16",
@@ -22,7 +22,7 @@ SESSION_DEFAULTS: dict[str, str] = {
 
 
 def console_progress(stream: TextIO) -> str:
-    """``spark.ui.showConsoleProgress`` for a session whose stderr is ``stream``: on a terminal only."""
+    """``spark.ui.showConsoleProgress`` for a Spark session whose stderr is ``stream``: on a terminal only."""
     return "true" if stream.isatty() else "false"
 
 
@@ -46,7 +46,7 @@ def get_session(master: str | None = None, *, app_name: str = "kvlog", ui: bool 
                 **conf: Any) -> Any:
     """A SparkSession: the active one if any, else a new one, ``local[*]`` unless ``master`` is given.
 
-    A new session gets :data:`SESSION_DEFAULTS` (16 shuffle partitions, Arrow transfers, filter pushdown into Python data sources), ``PYSPARK_PYTHON`` set to
+    A new Spark session gets :data:`SESSION_DEFAULTS` (16 shuffle partitions, Arrow transfers, filter pushdown into Python data sources), ``PYSPARK_PYTHON`` set to
     this interpreter (so workers import pyarrow and kvlog) and passed to the executors, and
     binds to loopback in local mode. The console progress bar is on when stderr is a
     terminal. The web UI is off unless ``ui=True`` (or ``"true"``, or
@@ -55,8 +55,8 @@ def get_session(master: str | None = None, *, app_name: str = "kvlog", ui: bool 
     ``**dict[str, str]`` of settings type-checks.) Each keyword is a Spark setting
     (``**{"spark.driver.memory": "4g"}``) and wins over these defaults.
 
-    The active session is returned as it is, with only the keywords applied (the ones Spark
-    can change at run time): the defaults never override the settings of a session the
+    The active Spark session is returned as it is, with only the keywords applied (the ones Spark
+    can change at run time): the defaults never override the settings of a Spark session the
     caller built.
     """
     check_java()

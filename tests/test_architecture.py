@@ -164,3 +164,64 @@ def test_the_architecture_page_names_what_exists() -> None:
     assert len(paths) >= 10 and len(names) >= 10, "the page points at the code"
     assert sorted(p for p in paths if not (ROOT / p).is_file()) == []
     assert sorted(n for n in names if not _resolves(n)) == []
+
+
+#: Words that tell how the project was built rather than what it is: the work's sessions,
+#: issue numbers, goals, what the code did before. CHANGELOG.md is the one place for history.
+#: "session" is allowed as a Spark session ("Spark session", ``SparkSession``, ``get_session``,
+#: ``spark_ext.session``) and as a quoted string (pytest's ``scope="session"``, a key in an example).
+HISTORY_WORDS = re.compile(
+    r"(?<![\w.\"])(?<!Spark )(?<!Spark's )sessions?(?![\w(\"])"
+    r"|\bissues?\s*#?\s*\d|\"issue\"|\bgoals?\b|\bpreviously\b|\bused\s+to\b"
+    r"|\bnow\s+(?:faster|slower)\b|\bmoved\s+from\b|\bearlier\s+(?:runs?|measurements?|versions?)\b"
+    r"|\bthis\s+week\b|\bfirst\s+version\b|\bv1\s+did\b|\b(?:before|after)/(?:after|before)\b",
+    re.IGNORECASE,
+)
+#: In prose (README, the docs pages, the benchmarks' README) also what narrates a change.
+HISTORY_PROSE = re.compile(r"\bno\s+longer\b|\bany\s+more\b", re.IGNORECASE)
+_ALLOWED_SESSION = re.compile(r"\bSpark\s+sessions?\b", re.IGNORECASE)
+
+
+def _history_files() -> list[Path]:
+    """The README, the docs pages, the benchmarks' texts and code, kvlog, spark_ext, examples."""
+    files = [ROOT / "README.md", ROOT / "pyspark_kvlog.py", *sorted((ROOT / "docs").glob("*.rst"))]
+    files += sorted(p for p in (ROOT / "benchmarks").rglob("*") if p.suffix in {".md", ".py"})
+    for top in ("kvlog", "spark_ext", "examples"):
+        files += sorted(p for p in (ROOT / top).rglob("*")
+                        if p.suffix in {".py", ".pyi", ".c", ".h", ".md", ".rst", ".txt"})
+    return [p for p in files if "_build" not in p.parts]
+
+
+def _history_hits(path: Path) -> list[str]:
+    """Each line of ``path`` that narrates the project's history, as ``path:line: text``."""
+    prose = path.suffix in {".md", ".rst"}
+    hits = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if HISTORY_WORDS.search(line) or (prose and HISTORY_PROSE.search(line)):
+            hits.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{number}: "
+                        f"{line.strip()}")
+    return hits
+
+
+def test_no_text_narrates_the_projects_history() -> None:
+    hits = [hit for path in _history_files() for hit in _history_hits(path)]
+    assert not hits, "words for CHANGELOG.md, not for the code and docs:\n" + "\n".join(hits)
+
+
+def test_the_history_check_catches_what_it_forbids(tmp_path: Path) -> None:
+    """The checker itself: each narrating phrase is caught, a Spark session is not."""
+    caught = ["measured in session 6", "this session", "see issue 3", "issue #12", '"issue": 4',
+              "Every goal is met", "goals", "it previously copied", "the index used to merge",
+              "gets are now faster", "moved from kvlog.bench", "three earlier runs today",
+              "this week", "the first version", "what v1 did", "the before/after figures"]
+    allowed = ["a Spark session", "SparkSession.builder", "spark_ext.get_session()",
+               "spark_ext.session", "SESSION_DEFAULTS", '@pytest.fixture(scope="session")',
+               "the file is not live", "used for", "an issue of the journal", 'store.put("session", b"v")',
+               "a value moved to another file"]
+    code = tmp_path / "probe.py"
+    code.write_text("\n".join(caught + allowed) + "\n")
+    assert [h.split(": ", 1)[1] for h in _history_hits(code)] == caught
+    prose = tmp_path / "probe.rst"
+    prose.write_text("the map is no longer needed\nit is not needed any more\na Spark session\n")
+    assert len(_history_hits(prose)) == 2
+    assert _ALLOWED_SESSION.search("the Spark session") and not HISTORY_WORDS.search("the Spark session")

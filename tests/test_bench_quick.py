@@ -18,7 +18,7 @@ import pytest
 from benchmarks import run
 from benchmarks.recovery import ANCHORS, STATES, rocksdict_missing
 from benchmarks.report import rows
-from benchmarks.suite import GOALS, SCHEMA, TINY, settings_for
+from benchmarks.suite import SCHEMA, TARGETS, TINY, settings_for
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,7 @@ def test_results_file_matches_the_document(results: tuple[dict[str, Any], Path])
     assert on_disk["schema"] == SCHEMA
     assert on_disk["mode"] == "tiny"
     assert [e["id"] for e in on_disk["benchmarks"]] == [e["id"] for e in document["benchmarks"]]
-    for key in ("date", "wall_seconds", "machine", "settings", "store_config", "method", "goals"):
+    for key in ("date", "wall_seconds", "machine", "settings", "store_config", "method", "targets"):
         assert key in on_disk
     machine = on_disk["machine"]
     assert machine["cores"] >= 1 and machine["python"] and machine["versions"]["lmdb"]
@@ -81,12 +81,12 @@ def test_every_benchmark_ran_with_its_anchors(results: tuple[dict[str, Any], Pat
             assert ratio["speedup"] > 0
 
 
-def test_goals_are_evaluated(results: tuple[dict[str, Any], Path]) -> None:
+def test_targets_are_evaluated(results: tuple[dict[str, Any], Path]) -> None:
     document, _out = results
     entries = {e["id"]: e for e in document["benchmarks"]}
-    for bench_id, goal in GOALS.items():
-        got = entries[bench_id]["goal"]
-        assert got["text"] == goal["text"]
+    for bench_id, target in TARGETS.items():
+        got = entries[bench_id]["target"]
+        assert got["text"] == target["text"]
         assert isinstance(got["met"], bool)
     memory = entries["store.memory"]
     assert memory["growth_mib"] == pytest.approx(memory["subject"]["value"] - memory["anchors"][0]["value"])
@@ -116,8 +116,8 @@ def test_puts_pair_each_kvlog_run_with_its_anchor_run(results: tuple[dict[str, A
     assert len(puts["subject"]["runs"]) == len(lmdb["runs"]) == TINY.puts_repeats
     assert lmdb["paired_ratios"] == pytest.approx(
         [k / a for k, a in zip(puts["subject"]["runs"], lmdb["runs"], strict=True)])
-    goal_row = next(r for r in rows(document) if r["goal"] == GOALS["store.puts"]["text"])
-    assert goal_row["note"].startswith(f"paired runs: {lmdb['paired_ratios'][0]:.2f}x")
+    target_row = next(r for r in rows(document) if r["target"] == TARGETS["store.puts"]["text"])
+    assert target_row["note"].startswith(f"paired runs: {lmdb['paired_ratios'][0]:.2f}x")
 
 
 def test_recovery_quick_kills_the_writer_at_each_state(tmp_path: Path) -> None:
@@ -140,7 +140,7 @@ def test_recovery_quick_kills_the_writer_at_each_state(tmp_path: Path) -> None:
         _check_measurement(subject)
         assert len(subject["runs"]) == settings.repeats
         assert entry["slowest_ms"] == max(subject["runs"])
-        assert isinstance(entry["goal"]["met"], bool) and entry["goal"]["value"] == entry["slowest_ms"]
+        assert isinstance(entry["target"]["met"], bool) and entry["target"]["value"] == entry["slowest_ms"]
         for sample, total in zip(subject["samples"], subject["runs"], strict=True):
             assert sample["state"] == state
             assert total == pytest.approx(sample["open_ms"] + sample["get_ms"])
@@ -174,6 +174,6 @@ def test_recovery_quick_kills_the_writer_at_each_state(tmp_path: Path) -> None:
             assert entry["ratios"][anchor["key"]]["ratio"] == pytest.approx(subject["value"] / anchor["value"])
         if "rocksdict" not in expected_anchors:
             assert entry["anchors_skipped"]["rocksdict"]
-    goal_rows = [r for r in rows(document) if r["goal"]]
-    assert len(goal_rows) == len(STATES)
-    assert all(r["note"].startswith("runs ") for r in goal_rows)
+    target_rows = [r for r in rows(document) if r["target"]]
+    assert len(target_rows) == len(STATES)
+    assert all(r["note"].startswith("runs ") for r in target_rows)

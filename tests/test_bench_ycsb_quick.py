@@ -139,7 +139,7 @@ def test_the_results_file(results: tuple[dict[str, Any], Path]) -> None:
             low, high = ratio["range"]
             assert low <= high and ratio["speedup"] > 0
         for target in TARGETS.get(bench_id, []):
-            assert any(g["text"] == target["text"] and isinstance(g["met"], bool) for g in entry["goals"])
+            assert any(g["text"] == target["text"] and isinstance(g["met"], bool) for g in entry["targets"])
     for w in "abcdef":
         assert {a["key"] for a in entries[f"peers.ycsb_{w}"]["anchors"]} == {"lmdb", "rocksdict"}
         assert "Durability:" in entries[f"peers.ycsb_{w}"]["method"]
@@ -149,5 +149,5 @@ def test_the_results_file(results: tuple[dict[str, Any], Path]) -> None:
     names = {Path(p).name for p in document["plots"]}
     assert names == {"peers-tiny_ratios.png"}
     assert (out.parent / "peers-tiny_ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    texts = {r["goal"] for r in rows(document)}
+    texts = {r["target"] for r in rows(document)}
     assert {"YCSB E >= 0.8x py-lmdb", "YCSB E >= 1.5x rocksdict"} <= texts

@@ -207,7 +207,7 @@ def register(sub: Subparsers) -> None:
             p.add_argument("--force", action="store_true", help="clean every partition even if none is eligible")
         p.add_argument("--master", help="Spark master, e.g. spark://127.0.0.1:7077 (default local[*])")
         p.add_argument("--conf", dest="spark_conf", type=_spark_conf_arg, action="append", default=[],
-                       metavar="KEY=VALUE", help="a Spark setting for the job's session; repeatable")
+                       metavar="KEY=VALUE", help="a Spark setting for the job's Spark session; repeatable")
         p.add_argument("--storage-options", type=storage_options_arg, metavar="JSON",
                        help="JSON object of object-store options")
         p.set_defaults(func=_cmd_spark)

@@ -31,7 +31,7 @@ _PUT_CHUNK = 8192
 
 
 def add_run(meta: MetaTxn, run: bytes) -> None:
-    """Append an index run (it wins over every earlier run and the index)."""
+    """Append an index run (it wins over every older run and the index)."""
     db = meta.env.dbs["runs"]
     with meta.txn.cursor(db=db) as cur:
         number = RUN_ID.unpack(cur.key())[0] + 1 if cur.last() else 0

@@ -1,7 +1,7 @@
 """pytest fixtures for kvlog's real services (enable with ``-p kvlog.testing.pytest_plugin``).
 
 ``seaweedfs``
-    session-scoped: one SeaweedFS S3 server on loopback for the whole run,
+    one SeaweedFS S3 server on loopback for the whole test run,
     stopped (by pid) at the end.
 ``s3_root``
     function-scoped: ``(uri, storage_options)`` of a fresh, unique prefix in a
@@ -56,7 +56,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 @pytest.fixture(scope="session")
 def seaweedfs(pytestconfig: pytest.Config) -> Iterator[SeaweedServer]:
-    """One SeaweedFS server (S3 on a free loopback port) for the whole test session."""
+    """One SeaweedFS server (S3 on a free loopback port) for the whole test run."""
     from kvlog.testing.seaweedfs import SeaweedServer
 
     with SeaweedServer() as server:

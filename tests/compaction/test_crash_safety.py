@@ -313,7 +313,7 @@ def test_a_partition_that_failed_in_a_merge_is_cleared_when_a_merge_succeeds(tmp
         clock.advance(max(f["retry_at_ms"] for f in failing.values()) - clock.now_ms())
         report = store.compact()
         assert (report.kind, report.rounds, report.records_removed) == ("merge", 1, 0)
-        # A merge cleans no partition, yet it read and wrote the failed one: no longer failing.
+        # A merge cleans no partition, yet it read and wrote the failed one: it is not failing now.
         assert store.stats()["compaction"]["failing_partitions"] == {}
         assert records(store) == before
         assert store.check() == []

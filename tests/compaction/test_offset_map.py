@@ -157,7 +157,7 @@ def test_insert_of_only_known_keys_never_stops_on_a_full_map() -> None:
 @pytest.mark.timeout(20)
 def test_a_completely_full_map_answers_lookups_of_absent_keys() -> None:
     # Load factor 1.0 fills every slot: a lookup must stop after probing them all
-    # (it used to probe forever, hanging the compactor's pass 2 on the clean prefix).
+    # (probing forever would hang the compactor's pass 2 on the clean prefix).
     table = OffsetMap(64, 1.0)
     keys = [b"k1", b"k2", b"k3", b"k4"]
     assert table.insert(*fps(keys), offsets(0, 1, 2, 3)) == 4

@@ -1,9 +1,9 @@
 """Producer epochs are taken by a conditional commit: two openers never hold one epoch.
 
-Two handles of one producer id that both computed "current epoch + 1" from the same state
-used to both register it; each then had ``put(sync=True)`` acknowledged, and the producer
-rules dropped one of the two writes as a "duplicate" of the other (same producer, epoch and
-sequences). Now exactly one opener wins each epoch, the other takes the next one (fencing the
+Two handles of one producer id may both compute "current epoch + 1" from the same state. Were
+both to register it, each would have ``put(sync=True)`` acknowledged, and the producer rules
+would drop one of the two writes as a "duplicate" of the other (same producer, epoch and
+sequences). Exactly one opener wins each epoch, the other takes the next one (fencing the
 first), and a batch that repeats another's sequences with other content is never taken for a
 duplicate of it.
 """

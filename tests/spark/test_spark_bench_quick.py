@@ -32,11 +32,11 @@ def test_tiny_spark_benchmarks(spark: Any, tmp_path: Path) -> None:
             assert entry["ratios"][anchor["key"]]["ratio"] == pytest.approx(
                 entry["subject"]["value"] / anchor["value"])
     compact = entries["spark.compact"]
-    assert compact["goal"]["met"], compact["goal"]
-    assert compact["goal"]["value"] == {"rows": TINY.compact_keys, "keys": TINY.compact_keys, "max_n": 1}
+    assert compact["target"]["met"], compact["target"]
+    assert compact["target"]["value"] == {"rows": TINY.compact_keys, "keys": TINY.compact_keys, "max_n": 1}
     assert compact["extrapolation"]["records"] == 20_000_000
     materialize = entries["spark.materialize"]
     assert materialize["correct"] and materialize["rows"] == TINY.materialize_keys
     assert {a["key"] for a in materialize["anchors"]} == {"window_row_number", "max_by", "max_struct"}
-    assert isinstance(materialize["goal"]["met"], bool)
+    assert isinstance(materialize["target"]["met"], bool)
     assert "spark.materialize" in format_table(document)

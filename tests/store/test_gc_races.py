@@ -1,8 +1,8 @@
 """GC never takes a file a commit makes live, however slow the writer of that commit was.
 
-A data file is written first and made live by a commit later. Orphan GC used to delete any
-unreferenced file older than ``file_delete_delay_ms``: a compaction job (or a flush) whose
-commit landed after that lost every key of its file for good. GC now condemns orphans in a
+A data file is written first and made live by a commit later. Were orphan GC to delete any
+unreferenced file older than ``file_delete_delay_ms``, a compaction job (or a flush) whose
+commit landed after that would lose every key of its file for good. GC condemns orphans in a
 ``gc`` commit before deleting them, and a commit that adds a condemned file is refused: the
 flush writes its file again, the compaction job is discarded.
 

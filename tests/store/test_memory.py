@@ -73,7 +73,7 @@ def test_memory_with_background_compaction_does_not_grow_with_the_number_of_keys
 ) -> None:
     """Flushes on the background thread and compaction jobs while writing and reading: the
     allocators' retained memory (kvlog.memory) must not accumulate with the rounds. RssAnon is
-    sampled every 5 ms by the child. The margin is generous (the benchmark's goal is 64 MiB at
+    sampled every 5 ms by the child. The margin is generous (the benchmark's target is 64 MiB at
     100k vs 5M keys); what it catches is memory that grows with every flush or round."""
     small = _bench_rss(tmp_path, 50_000, COMPACTING)
     large = _bench_rss(tmp_path, 1_000_000, COMPACTING)

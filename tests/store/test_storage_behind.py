@@ -2,8 +2,8 @@
 
 Commit names are taken with put-if-absent, which cannot tell a free name from a name whose
 commit vanished. A storage root restored from an older copy while a writer kept its cache
-used to let the writer acknowledge commits after a gap that no fresh reader crosses. The
-cache now records the newest commit it applied (version, id, checksum), the writer checks it
+would let the writer acknowledge commits after a gap that no fresh reader crosses, so the
+cache records the newest commit it applied (version, id, checksum), the writer checks it
 is still in storage before each commit, and every commit names the one before it.
 """
 
