@@ -9,6 +9,7 @@ b'hello'
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -39,6 +40,8 @@ from kvlog.log.pins_named import Checkpoint
 from kvlog.snapshot import Snapshot
 from kvlog.storage import Storage
 from kvlog.store import Store, WriteBatch, open_store
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
 
