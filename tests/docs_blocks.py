@@ -187,7 +187,10 @@ def commands(block: Block) -> list[tuple[str, str]]:
 def _words(command: str) -> list[str]:
     """The words of a command another test must run: its subcommands and option names."""
     words: list[str] = []
-    for token in shlex.split(command.replace("\\\n", " "), comments=True)[1:]:
+    tokens = shlex.split(command.replace("\\\n", " "), comments=True)
+    if tokens[:1] == ["export"]:
+        return words  # settings for the commands after it, not a command
+    for token in tokens[1:]:
         if token.startswith("-"):
             words.append(token.split("=", 1)[0])
         elif re.fullmatch(r"[a-z][a-z-]*", token):
@@ -197,7 +200,8 @@ def _words(command: str) -> list[str]:
 
 def check_run_by(block: Block, root: Path) -> None:
     """A ``.. run-by: FILE::NAME`` block: NAME is defined in FILE, and FILE's strings hold every
-    subcommand and option name of the block's commands, so the test runs the command shown."""
+    subcommand and option name of the block's commands, so the test runs the command shown
+    (or NAME reads this page's blocks and takes their ``commands(block)`` itself)."""
     file, _, name = block.run_by.partition("::")
     path = root / file
     assert path.is_file() and name, f"{block.where}: run-by {block.run_by!r}: no such file or no ::NAME"
@@ -205,6 +209,10 @@ def check_run_by(block: Block, root: Path) -> None:
     names = {node.name for node in ast.walk(tree)
              if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
     assert name in names, f"{block.where}: run-by {block.run_by!r}: {file} defines no {name}"
+    source = next(ast.get_source_segment(path.read_text(encoding="utf-8"), node) or "" for node in ast.walk(tree)
+                  if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.name == name)
+    if f'"{block.page.name}"' in source and "commands(block)" in source:
+        return  # the test takes the commands from this very block
     strings: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
