@@ -15,7 +15,9 @@ from kvlog.errors import ConfigError
 
 __all__ = ["StoreConfig", "KAFKA_NAMES", "MiB", "DAY_MS", "KEY_BYTES_LIMIT", "MIN_FILE_DELETE_DELAY_MS"]
 
+#: Bytes in a mebibyte, for sizes in settings (``64 * MiB``).
 MiB = 1024 * 1024
+#: Milliseconds in a day, for durations in settings (``7 * DAY_MS``).
 DAY_MS = 24 * 3600 * 1000
 #: The smallest ``file_delete_delay_ms``: a get looks its key up and reads the value's batch
 #: in two steps, and a replaced file must outlive that (and any scan's next chunk) by a margin.

@@ -45,7 +45,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs_blocks import Block, blocks, classify, commands, output_after, run_console, run_python
+from tests.docs_blocks import (
+    Block,
+    blocks,
+    classify,
+    commands,
+    output_after,
+    run_console,
+    run_python,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted((ROOT / "docs").glob("*.rst"))
