@@ -15,7 +15,9 @@ from kvlog.errors import ConfigError
 
 __all__ = ["StoreConfig", "KAFKA_NAMES", "MiB", "DAY_MS", "KEY_BYTES_LIMIT", "MIN_FILE_DELETE_DELAY_MS"]
 
+#: Bytes in a mebibyte, for sizes in settings (``64 * MiB``).
 MiB = 1024 * 1024
+#: Milliseconds in a day, for durations in settings (``7 * DAY_MS``).
 DAY_MS = 24 * 3600 * 1000
 #: The smallest ``file_delete_delay_ms``: a get looks its key up and reads the value's batch
 #: in two steps, and a replaced file must outlive that (and any scan's next chunk) by a margin.
@@ -81,7 +83,7 @@ class StoreConfig:
     file_delete_delay_ms: int = 60_000
     """Grace period before an unreferenced data file or a replaced input is deleted: how long a
     read of an older version (a scan, a snapshot) may keep using a replaced file. At least
-    :data:`MIN_FILE_DELETE_DELAY_MS`. Acknowledged writes never depend on it: GC condemns an
+    :data:`~kvlog.config.MIN_FILE_DELETE_DELAY_MS`. Acknowledged writes never depend on it: GC condemns an
     orphan in a commit before deleting it, and a commit adding a condemned file is refused."""
     background_compaction: bool = True
     """Run the compactor in a background thread."""
@@ -92,7 +94,7 @@ class StoreConfig:
     commit_retention_ms: int = 7 * DAY_MS
     """Commits older than the newest checkpoint by more than this are deleted."""
     max_key_bytes: int = 4096
-    """Largest key a put accepts. Reads and deletes take any key up to :data:`KEY_BYTES_LIMIT`,
+    """Largest key a put accepts. Reads and deletes take any key up to :data:`~kvlog.config.KEY_BYTES_LIMIT`,
     so lowering this on a reopen never makes existing keys unreadable."""
     max_record_bytes: int = 8 * MiB
     """Largest key + value accepted."""

@@ -4,7 +4,7 @@
 commit applied then (one LMDB read snapshot of the catalog and the key index, held for the
 snapshot's life) with this process's writes made before it (a copy of the memtable). Later
 writes of any process are not visible. While it is open, GC in this process keeps every data
-file it may read (:mod:`kvlog.log.pins`), so compaction and GC never break its reads.
+file it may read (``kvlog.log.pins``), so compaction and GC never break its reads.
 
 A snapshot is released by :meth:`Snapshot.close`, by the ``with`` block's end, by
 :meth:`kvlog.Store.close`, or when it is garbage-collected unclosed; its reads then raise
@@ -175,7 +175,7 @@ def open_snapshot(log: Log) -> Snapshot:
 
 
 class Snapshot:
-    """A read view of a store pinned at one commit (see :mod:`kvlog.snapshot`). Create with
+    """A read view of a store pinned at one commit (see ``kvlog.snapshot``). Create with
     :meth:`kvlog.Store.snapshot`; use as a context manager or :meth:`close` it."""
 
     def __init__(self, log: Log, view: IndexView, pin: Pin) -> None:

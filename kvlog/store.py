@@ -1,6 +1,6 @@
 """The ``Store`` facade: a dict-like key-value API over the log.
 
-Reads ask the key index (:class:`kvlog.index.KeyIndex`: this process's unapplied
+Reads ask the key index (``kvlog.index.KeyIndex``: this process's unapplied
 writes, then the LMDB index), which answers with the value (from the memtable or
 inline) or where it is (one batch read through the bounded cache).
 Writes are buffered and committed by the flusher; see :mod:`kvlog.log.flusher`.
@@ -392,7 +392,7 @@ class Store(StoreMapping):
     def disk_usage(self) -> dict[str, int]:
         """Bytes the store and its metadata cache take, split by what holds them: live data
         files, replaced files awaiting deletion, unreferenced files, commits, the cache and its
-        pages (see :func:`kvlog.log.disk_usage.disk_usage`). Lists ``data/`` and ``log/``."""
+        pages (see ``kvlog.log.disk_usage.disk_usage``). Lists ``data/`` and ``log/``."""
         self._check_open()
         return disk_usage(self.log)
 

@@ -5,7 +5,7 @@ capacity, no fingerprint collisions) with the local compactor's retention
 rules, writes output files from the executors, and commits one ``replace``
 that is refused if its inputs changed — so local and Spark compaction work on
 the same store and leave the same surviving offsets. Each input is read twice:
-its keys in stage 1, its records in stage 2 (:mod:`spark_ext.compaction`).
+its keys in stage 1, its records in stage 2 (``spark_ext.compaction``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def register(spark: Any) -> None:
     ``spark.sql.python.filterPushdown.enabled`` is true (false by default). Left unset,
     it is set to true on ``spark`` and the data source that prunes with pushed filters is
     registered; set to false by the user, it stays so and the variant without pushdown is
-    registered (:mod:`spark_ext.plain_source`). A later registration replaces an earlier
+    registered (``spark_ext.plain_source``). A later registration replaces an earlier
     one, and the one PySpark finds on its own (``pyspark_kvlog``).
     """
     from spark_ext.datasource import KvlogDataSource
@@ -75,7 +75,7 @@ def _reader(spark: Any, uri: str, storage_options: dict[str, Any] | None, **opti
 def compact(spark: Any, uri: str, *, storage_options: dict[str, Any] | None = None, force: bool = False,
             now_ms: int | None = None, cache_dir: str | None = None, **settings: Any) -> CompactionReport:
     """Exact compaction of the store at ``uri`` on Spark; one ``replace`` commit. See the module doc
-    and :mod:`spark_ext.compaction` for the two stages."""
+    and ``spark_ext.compaction`` for the two stages."""
     config = StoreConfig.from_settings(None, **settings)
     the_log = open_log(uri, create=False, storage_options=storage_options, cache_dir=driver_cache_dir(uri, cache_dir),
                        config=config, maintain_index=False)

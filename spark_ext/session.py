@@ -46,7 +46,7 @@ def get_session(master: str | None = None, *, app_name: str = "kvlog", ui: bool 
                 **conf: Any) -> Any:
     """A SparkSession: the active one if any, else a new one, ``local[*]`` unless ``master`` is given.
 
-    A new Spark session gets :data:`SESSION_DEFAULTS` (16 shuffle partitions, Arrow transfers, filter pushdown into Python data sources), ``PYSPARK_PYTHON`` set to
+    A new Spark session gets ``SESSION_DEFAULTS`` (16 shuffle partitions, Arrow transfers, filter pushdown into Python data sources), ``PYSPARK_PYTHON`` set to
     this interpreter (so workers import pyarrow and kvlog) and passed to the executors, and
     binds to loopback in local mode. The console progress bar is on when stderr is a
     terminal. The web UI is off unless ``ui=True`` (or ``"true"``, or

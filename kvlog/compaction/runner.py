@@ -47,7 +47,7 @@ _BACKOFF_MAX_MS = 300_000
 
 @dataclass
 class CompactionReport:
-    """What one :meth:`Compactor.run_once` (or ``Store.compact``) did."""
+    """What one ``Compactor.run_once`` (or ``Store.compact``) did."""
 
     rounds: int = 0
     kind: str | None = None

@@ -2,8 +2,8 @@
 
 Columns ``key`` (binary, not null), ``value`` (binary, null = tombstone) and
 ``timestamp`` (int64 ms). The schema carries ``kvlog.format`` in its metadata: the data-file
-format version. Version 1 (:data:`SCHEMA`) has those three columns; version 2
-(:data:`SCHEMA_EXPIRES`) adds ``expires`` (int64 ms since the epoch, null = never), written only
+format version. Version 1 (:data:`~kvlog.format.SCHEMA`) has those three columns; version 2
+(``SCHEMA_EXPIRES``) adds ``expires`` (int64 ms since the epoch, null = never), written only
 when a file holds a record with a time to live, so a file without one keeps version 1's bytes.
 A batch's entry in the batch directory names the version of its file's schema
 (:attr:`BatchLocation.schema`): a batch is read as that schema's message followed by the batch's
@@ -60,9 +60,9 @@ SCHEMA = pa.schema(
     metadata={"kvlog.format": str(FORMAT_VERSION)},
 )
 
-#: The data-file format version of :data:`SCHEMA` (no record with an expiry).
+#: The data-file format version of :data:`~kvlog.format.SCHEMA` (no record with an expiry).
 DATAFILE_VERSION = FORMAT_VERSION
-#: The data-file format version of :data:`SCHEMA_EXPIRES`: version 1 plus the ``expires`` column.
+#: The data-file format version of ``SCHEMA_EXPIRES``: version 1 plus the ``expires`` column.
 EXPIRES_VERSION = 2
 
 SCHEMA_EXPIRES = pa.schema(
@@ -155,7 +155,7 @@ class BatchLocation:
     min_timestamp: int
     max_timestamp: int
     schema: int = DATAFILE_VERSION
-    """The data-file format version of the file's schema (:data:`EXPIRES_VERSION`: it has the
+    """The data-file format version of the file's schema (``EXPIRES_VERSION``: it has the
     ``expires`` column)."""
 
 
@@ -170,8 +170,8 @@ def make_record_batch(
     keys: Sequence[bytes], values: Sequence[bytes | None], timestamps: Sequence[int],
     expires: Sequence[int | None] | None = None,
 ) -> pa.RecordBatch:
-    """A record batch of the data-file schema from Python sequences: :data:`SCHEMA`, or
-    :data:`SCHEMA_EXPIRES` when ``expires`` (one expiry or None per record) holds one."""
+    """A record batch of the data-file schema from Python sequences: :data:`~kvlog.format.SCHEMA`, or
+    ``SCHEMA_EXPIRES`` when ``expires`` (one expiry or None per record) holds one."""
     stamps = np.fromiter(timestamps, dtype=np.int64, count=len(timestamps))
     columns = [binary_column(keys), binary_column(values), int64_column(stamps)]
     if expires is not None and any(e is not None for e in expires):
@@ -227,7 +227,7 @@ class DataFileWriter:
                  expires: bool = False) -> None:
         """With ``spill_path`` the file is written there and :meth:`finish_view` maps it, so it
         never takes process memory; :meth:`close` then deletes it. With ``expires`` the file has
-        :data:`SCHEMA_EXPIRES` (any batch may hold expiring records), else :data:`SCHEMA`."""
+        ``SCHEMA_EXPIRES`` (any batch may hold expiring records), else :data:`~kvlog.format.SCHEMA`."""
         self._spill_path = spill_path
         self.schema_version = EXPIRES_VERSION if expires else DATAFILE_VERSION
         self._schema = _SCHEMAS[self.schema_version]

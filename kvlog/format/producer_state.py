@@ -31,7 +31,7 @@ class BatchMeta:
     last_offset: int
     timestamp_ms: int
     digest: int | None = None
-    """The batch's content digest (:func:`kvlog.format.datafile.content_digest`); None when
+    """The batch's content digest (``kvlog.format.datafile.content_digest``); None when
     the commit that added it carried none."""
 
 

@@ -6,8 +6,8 @@ its responsibilities lives in a module of its own:
 * :mod:`kvlog.log.committer` — the commit protocol and applying commits (replay);
 * :mod:`kvlog.log.append` — data files and ``append`` commits;
 * :mod:`kvlog.log.producer_handle` — producer epochs (fencing) and sequences;
-* :mod:`kvlog.log.checkpoints` — writing and loading checkpoints;
-* :mod:`kvlog.log.gc` — deleting replaced files, orphans and old commits;
+* ``kvlog.log.checkpoints`` — writing and loading checkpoints;
+* ``kvlog.log.gc`` — deleting replaced files, orphans and old commits;
 * :mod:`kvlog.log.opening` — opening a log and catching its cache up with storage.
 
 Commit order, and why (see docs/log.rst): a data file is written first, under a fresh
@@ -59,7 +59,7 @@ log = logging.getLogger("kvlog.log")
 
 
 class Log:
-    """A store's log: partitions, offsets, producers, reads. See :func:`open_log`."""
+    """A store's log: partitions, offsets, producers, reads. See ``open_log``."""
 
     def __init__(
         self, storage: Storage, identity: Identity, env: LmdbEnv, config: StoreConfig,
@@ -82,7 +82,7 @@ class Log:
         self._metadata_only = replace(self._settings, maintain_index=False)
         self.maintain_index = maintain_index
         #: Set on a log opened at a named checkpoint: the version it stays at (no commit after
-        #: it is applied; see :mod:`kvlog.log.pinned_open`).
+        #: it is applied; see ``kvlog.log.pinned_open``).
         self.frozen_at: int | None = None
         self._committer = Committer(self)
         #: Held while commits are applied: a reader holding it sees no apply in between.
@@ -90,7 +90,7 @@ class Log:
         #: The key index, with this process's memtable in front of it.
         self.index = KeyIndex(env, run_limit=config.index_run_limit, apply_lock=self.apply_lock,
                               monotonic_s=clock.monotonic_s, now_ms=clock.now_ms)
-        #: This process's read views of this store, whose files GC keeps (see :mod:`kvlog.log.pins`).
+        #: This process's read views of this store, whose files GC keeps (see ``kvlog.log.pins``).
         self.pins = registry_for(identity.store_uuid)
 
     # -- basic facts ------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ class Log:
 
     def commit(self, build: Callable[[int], Commit], own: OwnBatches | None = None) -> CommitOutcome:
         """Write the commit ``build(version)`` at the next free version and return its outcome
-        (see :meth:`kvlog.log.committer.Committer.commit`)."""
+        (see ``kvlog.log.committer.Committer.commit``)."""
         return self._committer.commit(build, own)
 
     def outcome(self, commit_id: str) -> CommitOutcome | None:
@@ -251,7 +251,7 @@ class Log:
 
     def verify_head(self, version: int) -> str | None:
         """The id of commit ``version`` after checking storage still holds it as this cache
-        applied it (see :meth:`kvlog.log.committer.Committer.verify_head`)."""
+        applied it (see ``kvlog.log.committer.Committer.verify_head``)."""
         return self._committer.verify_head(version)
 
     @property
@@ -327,7 +327,7 @@ class Log:
     # -- garbage collection: kvlog.log.gc -----------------------------------------------------
     def gc(self, now_ms: int | None = None) -> dict[str, int]:
         """Delete replaced files past their delay, orphan data files, and commits behind the
-        newest checkpoint (see :mod:`kvlog.log.gc`); how many of each kind."""
+        newest checkpoint (see ``kvlog.log.gc``); how many of each kind."""
         return gc.collect_garbage(self, now_ms)
 
     def close(self) -> None:

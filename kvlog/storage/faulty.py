@@ -250,7 +250,7 @@ class FaultyStorage(Storage):
     with probability ``error_rate``, with a kind drawn from ``random_kinds``;
     which calls fail depends only on ``seed`` and the call's number.
 
-    :attr:`requests` counts the requests actually forwarded to ``inner``;
+    ``requests`` counts the requests actually forwarded to ``inner``;
     :attr:`history` lists every call and crash point; :attr:`crash_points` the
     steps reached, in order.
     """

@@ -1,10 +1,10 @@
 """Test helpers shipped with kvlog: fault injection and a local S3 server.
 
 * :class:`FaultyStorage`, :class:`FaultPlan`, :func:`fail`, :func:`crash_at` and
-  :class:`SimulatedCrash` (defined in :mod:`kvlog.storage.faulty`) inject
+  :class:`SimulatedCrash` (defined in ``kvlog.storage.faulty``) inject
   deterministic storage faults and crashes;
 * :class:`SeaweedServer` runs SeaweedFS's S3 server on loopback;
-* :mod:`kvlog.testing.pytest_plugin` provides the ``seaweedfs`` and ``s3_root``
+* ``kvlog.testing.pytest_plugin`` provides the ``seaweedfs`` and ``s3_root``
   fixtures (enable it with ``-p kvlog.testing.pytest_plugin``).
 
 Importing this package imports neither obstore nor pyarrow.

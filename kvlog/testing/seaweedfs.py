@@ -108,7 +108,7 @@ class SeaweedServer:
     """``weed mini`` on loopback, as a context manager (``start``/``stop`` also work).
 
     Attributes once started: :attr:`endpoint` (``http://127.0.0.1:PORT``),
-    :attr:`ports`, :attr:`pid`, :attr:`startup_seconds`, :attr:`storage_options`.
+    ``ports``, :attr:`pid`, ``startup_seconds``, :attr:`storage_options`.
     """
 
     def __init__(
@@ -150,7 +150,7 @@ class SeaweedServer:
 
     @property
     def storage_options(self) -> dict[str, object]:
-        """Options for :class:`kvlog.storage.object_store.ObjectStoreStorage`."""
+        """Options for ``kvlog.storage.object_store.ObjectStoreStorage``."""
         return {
             "endpoint_override": self.endpoint,
             "access_key": self.access_key,
