@@ -26,6 +26,7 @@ from kvlog.errors import (
     CorruptDataError,
     InvalidRecordError,
     KvlogError,
+    MissingExtraError,
     OutOfOrderSequenceError,
     ProducerError,
     ProducerFencedError,
@@ -47,7 +48,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AppendResult", "Checkpoint", "CheckpointExistsError", "CheckpointNotFoundError", "Clock", "CompactionReport", "CommitConflictError", "CommitStateUnknownError", "ConfigError", "Consumer",
-    "CorruptDataError", "IdSource", "InvalidRecordError", "KvlogError", "Log", "ManualClock",
+    "CorruptDataError", "IdSource", "InvalidRecordError", "KvlogError", "Log", "ManualClock", "MissingExtraError",
     "OutOfOrderSequenceError", "Producer", "ProducerError", "ProducerFencedError", "ReadOnlyError",
     "Record", "SeededIdSource", "Snapshot", "StorageBehindError", "StorageError", "Store", "StoreClosedError", "StoreConfig",
     "StoreNotFoundError", "SystemClock", "SystemIdSource", "WriteBatch", "open", "__version__",
