@@ -125,7 +125,7 @@ def _stderr_to(path: str) -> Iterator[None]:
 
 
 def _spark_step(uri: str, out: str) -> Any:
-    """The demo's Spark step: materialize ``uri`` into ``out`` on a quiet local session.
+    """The demo's Spark step: materialize ``uri`` into ``out`` on a quiet local Spark session.
 
     The JVM's own output (its banner, log4j's, Spark's warnings) goes to ``spark.log`` in the
     store's directory instead of the terminal, and Spark logs errors only.
