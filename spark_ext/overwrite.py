@@ -143,6 +143,9 @@ def commit_overwrite(target: OverwriteTarget, files: Sequence[FileEntry]) -> tup
         commit_id = the_log.new_id()
         try:
             for attempt in range(ATTEMPTS):
+                # The log first: a commit builds on the version it last saw, which must not be
+                # older than the snapshot the tombstones are computed from.
+                the_log.refresh()
                 keys_store.refresh()
                 with keys_store.snapshot() as snap:
                     version = snap.version

@@ -298,7 +298,7 @@ def test_wheel_installs_in_a_fresh_venv_and_runs_the_quickstart_and_the_cli(
     _check_quickstart(result, venv, "c")
     # The core install has none of the optional parts; an s3:// URI says which extra to install.
     assert result["absent"] == list(NOT_CORE)
-    assert "pip install 'kvlog[s3]'" in str(result["s3"]) and str(result["s3"]).startswith("ConfigError")
+    assert "pip install 'kvlog[s3]'" in str(result["s3"]) and str(result["s3"]).startswith("MissingExtraError")
     kvlog_command = str(venv.path / "bin" / "kvlog")
     usage = venv.run(kvlog_command, "--help", cwd=tmp_path)
     assert usage.startswith("usage: kvlog")

@@ -28,6 +28,7 @@ import kvlog
 from kvlog import KvlogError, ManualClock, SeededIdSource
 from kvlog.storage import LocalStorage
 from kvlog.testing import Event, FaultPlan, FaultyStorage, SimulatedCrash
+from tests.files import copy_store
 
 MANUAL: dict[str, Any] = {
     "flush_interval_ms": 0,
@@ -66,8 +67,7 @@ def records(store: kvlog.Store) -> list[Rec]:
 
 
 def copy_of(template: Template, target: Path) -> Path:
-    shutil.copytree(template.path, target)
-    return target
+    return copy_store(template.path, target)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from kvlog.index.runs import RUN_ID, run_find
 from kvlog.meta.env import SEALED_DBS, seal
 from kvlog.storage import LocalStorage
 from kvlog.storage.faulty import FaultPlan, FaultyStorage, fail
+from tests.files import copy_store
 
 SETTINGS: dict[str, Any] = {
     "flush_interval_ms": 0, "flush_bytes": 1 << 30, "max_unflushed_bytes": 1 << 30,
@@ -391,7 +392,7 @@ def test_random_damage_never_gives_a_wrong_answer(templates: dict[str, tuple[Pat
     template, last_page = templates[kind]
     for seed in range(SEEDS):
         path = tmp_path / f"{how}-{seed}"
-        shutil.copytree(template, path)
+        copy_store(template, path)
         _damage(path / "cache" / "data.mdb", last_page, random.Random(f"{kind}-{how}-{seed}"), how)
         try:
             store = kvlog.open(path, **SETTINGS)
