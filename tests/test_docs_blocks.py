@@ -39,8 +39,10 @@ docs/cli.rst against its own checks.
 from __future__ import annotations
 
 import configparser
+import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -161,5 +163,56 @@ def test_install_commands_name_real_targets_and_extras() -> None:
                 assert name in ("kvlog", "."), f"{block.where}: $ {command}"
                 assert set(filter(None, rest.rstrip("]").split(","))) <= extras, f"{block.where}: $ {command}"
     assert targets
+    done = subprocess.run(["make", "-n", *targets], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def _readme_blocks() -> list[tuple[str, str]]:
+    """``(language, text)`` of every fenced block of README.md."""
+    found: list[tuple[str, str]] = []
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("```"):
+            language, body = lines[i][3:].strip(), []
+            i += 1
+            while not lines[i].startswith("```"):
+                body.append(lines[i])
+                i += 1
+            found.append((language, "\n".join(body) + "\n"))
+        i += 1
+    return found
+
+
+def test_the_readme_runs_as_shown(tmp_path: Path) -> None:
+    """README.md's python blocks run as they are, each in an empty directory; its shell blocks
+    are the quick start's two make targets (``make -n``: they exist) and pip installs of kvlog
+    with extras that setup.cfg declares."""
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / "setup.cfg", encoding="utf-8")
+    extras = set(parser["options.extras_require"])
+    found = _readme_blocks()
+    assert {language for language, _text in found} <= {"python", "console", "text"}, found
+    python = [text for language, text in found if language == "python"]
+    assert python, "the README has no usage example left"
+    for n, text in enumerate(python):
+        where = tmp_path / f"block-{n}"
+        where.mkdir()
+        done = subprocess.run([sys.executable, "-c", text], cwd=where, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300, check=False)
+        assert done.returncode == 0, f"README python block {n}:\n{done.stderr}"
+    targets: list[str] = []
+    for language, text in found:
+        if language != "console":
+            continue
+        for line in text.splitlines():
+            tokens = shlex.split(line.removeprefix("$ "), comments=True)
+            if tokens[0] == "make":
+                targets += tokens[1:]
+            else:
+                assert tokens[:2] == ["pip", "install"], line
+                name, _, rest = tokens[2].partition("[")
+                assert name == "kvlog" and set(filter(None, rest.rstrip("]").split(","))) <= extras, line
+    assert targets == ["demo", "test"]
     done = subprocess.run(["make", "-n", *targets], cwd=ROOT, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
