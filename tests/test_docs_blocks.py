@@ -133,6 +133,18 @@ def test_console_block_runs(block: Block, output: Block | None, tmp_path: Path) 
     run_console(block, tmp_path)
 
 
+def _check_pip_install(tokens: list[str], extras: set[str], where: str) -> None:
+    """``tokens`` are a ``pip install`` of the package ``kvlog`` (or the checkout ``.``, with
+    ``-e``) and of extras in ``extras``."""
+    assert tokens[:2] == ["pip", "install"], where
+    for spec in tokens[2:]:
+        if spec == "-e":
+            continue
+        name, _, rest = spec.partition("[")
+        assert name in ("kvlog", "."), where
+        assert set(filter(None, rest.rstrip("]").split(","))) <= extras, where
+
+
 def test_install_commands_name_real_targets_and_extras() -> None:
     """The install page's ``make`` and ``pip install`` commands name what the checkout has.
 
@@ -155,13 +167,7 @@ def test_install_commands_name_real_targets_and_extras() -> None:
             if tokens[0] == "make":
                 targets += tokens[1:]
                 continue
-            assert tokens[:2] == ["pip", "install"], f"{block.where}: $ {command}"
-            for spec in tokens[2:]:
-                if spec == "-e":
-                    continue
-                name, _, rest = spec.partition("[")
-                assert name in ("kvlog", "."), f"{block.where}: $ {command}"
-                assert set(filter(None, rest.rstrip("]").split(","))) <= extras, f"{block.where}: $ {command}"
+            _check_pip_install(tokens, extras, f"{block.where}: $ {command}")
     assert targets
     done = subprocess.run(["make", "-n", *targets], cwd=ROOT, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
@@ -210,9 +216,7 @@ def test_the_readme_runs_as_shown(tmp_path: Path) -> None:
             if tokens[0] == "make":
                 targets += tokens[1:]
             else:
-                assert tokens[:2] == ["pip", "install"], line
-                name, _, rest = tokens[2].partition("[")
-                assert name == "kvlog" and set(filter(None, rest.rstrip("]").split(","))) <= extras, line
+                _check_pip_install(tokens, extras, f"README.md: {line}")
     assert targets == ["demo", "test"]
     done = subprocess.run(["make", "-n", *targets], cwd=ROOT, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr

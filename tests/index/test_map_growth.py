@@ -152,3 +152,43 @@ def test_reads_in_other_threads_while_the_map_grows(tmp_path: Path, pure: bool) 
         print("epoch", store.log.env.gate.epoch)
     ''', pure)
     assert "epoch 10" in out
+
+
+def test_a_resize_made_by_another_process_sharing_the_cache(tmp_path: Path, pure: bool) -> None:
+    """Another process grows the shared cache's map and commits; this one adopts the new size
+    (what it does when LMDB says MapResizedError: once the data outgrows its own map), behind the
+    same gate: gets answer, a scan open across the adoption ends with StorageError, never reads
+    the old map."""
+    out = _run(tmp_path, '''
+        import os, subprocess
+        store.close()
+        store = kvlog.open(sys.argv[1], producer_id=1, refresh_interval_ms=600_000, flush_interval_ms=0,
+                           background_compaction=False)
+        fill(store, 2000)
+        assert store.get(b"k00001") == b"v1" and any(snap[2] for snap in store.log.index._snaps)
+        scan = store.scan()
+        first = [next(scan) for _ in range(40)]
+        size = store.log.env.map_size()
+        child = (
+            "import kvlog\\n"
+            f"with kvlog.open({sys.argv[1]!r}, cache_dir={str(store.log.env.path)!r}, producer_id=2, "
+            "flush_interval_ms=0, background_compaction=False) as s:\\n"
+            "    s.log.env._grow()\\n"
+            "    s.put(b'theirs', b'grown', sync=True)\\n"
+        )
+        subprocess.run([sys.executable, "-c", child], check=True, timeout=120, env=os.environ)
+        assert store.get(b"theirs") == b"grown"  # the old map still covers every page
+        store.log.env._adopt_size()
+        assert store.log.env.map_size() == 2 * size
+        assert store.get(b"theirs") == b"grown"
+        assert [store.get(b"k%05d" % i) for i in range(0, 2000, 7)] == [b"v%d" % i for i in range(0, 2000, 7)]
+        try:
+            rest = list(scan)
+        except StorageError as e:
+            assert "map was resized" in str(e), e
+            print("ended")
+        else:
+            raise AssertionError(f"a scan read past the adopted resize: {len(first) + len(rest)} pairs")
+        print("pairs", len(list(store.scan())))
+    ''', pure)
+    assert "ended" in out and "pairs 2001" in out
