@@ -203,8 +203,7 @@ class KeyIndex:
 
     def _snap(self) -> Snap | None:
         """A read transaction of the newest snapshot, with its pending runs pinned, for
-        :meth:`lookup` to pool; None if a commit landed meanwhile or the map grew (or is being
-        resized: a snapshot tagged then is never pooled, see :mod:`kvlog.meta.map_gate`)."""
+        :meth:`lookup` to pool; None if a commit landed meanwhile or the map grew."""
         try:
             txn = self._env.begin(self._index_db, buffers=False)
         except lmdb.MapResizedError:
@@ -213,7 +212,7 @@ class KeyIndex:
             raise self._env.failure(e) from e
         snapshot = txn.id()
         found = self._pinned_runs.runs(snapshot)
-        if found is None or found[1] & 1:
+        if found is None:
             txn.abort()
             return None
         runs, tag = found
@@ -253,9 +252,8 @@ class KeyIndex:
         newest index run holding the key, else from the B-tree."""
         env = self._env
         while True:
-            tag = env.gate.epoch  # before the transaction whose views it dates
             try:
-                txn = env.begin(self._index_db, buffers=True)
+                txn, tag = env.begin_views(self._index_db)
             except lmdb.MapResizedError:
                 env._adopt_size()
                 continue

@@ -78,9 +78,8 @@ class PinnedRuns:
         gate = self._env.gate
         if pinned[0] == snapshot and pinned[1] is not None and gate.valid(pinned[3]):
             return pinned
-        tag = gate.epoch  # before the transaction whose views it dates
         try:
-            views = self._env.begin(buffers=True)
+            views, tag = self._env.begin_views()
         except lmdb.Error:
             return None
         if views.id() != snapshot:

@@ -188,9 +188,8 @@ class IndexReader(MetaReader):
         if not self.runs_pending():
             self._run_cache = []
             return True
-        tag = self._env.gate.epoch  # before the transaction whose views it dates
         try:
-            views = self._env.begin(buffers=True)
+            views, tag = self._env.begin_views()
         except lmdb.Error:
             return False
         if views.id() != self.txn.id():

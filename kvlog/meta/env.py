@@ -471,6 +471,16 @@ class LmdbEnv:
         finally:
             gate.leave()
 
+    def begin_views(self, db: lmdb._Database | None = None) -> tuple[lmdb.Transaction, int]:
+        """A read transaction making views of the map (``buffers=True``), and the tag of its
+        views: the epoch of the map it began on (see :mod:`kvlog.meta.map_gate`)."""
+        gate = self.gate
+        gate.enter()
+        try:
+            return self.env.begin(db=db, buffers=True), gate.epoch
+        finally:
+            gate.leave()
+
     def _grow(self) -> None:
         with self._resize_lock:
             try:

@@ -9,8 +9,8 @@ handed out, and it releases the GIL while it remaps.
 
 :class:`MapGate` makes a resize and the reading of views exclude each other:
 
-- whoever takes views notes :attr:`MapGate.epoch` *before* beginning the transaction that makes
-  them (their *tag*);
+- the transaction that makes views is begun inside the gate, and the epoch it began at is the
+  views' *tag* (:meth:`kvlog.meta.env.LmdbEnv.begin_views`);
 - every read of views happens between :meth:`MapGate.enter` and :meth:`MapGate.leave`, and
   only if :meth:`MapGate.valid` says the tag is still current (else the views are dead: the
   reader takes new ones, or reports the snapshot ended);
@@ -20,10 +20,11 @@ handed out, and it releases the GIL while it remaps.
 
 LMDB also cannot begin a transaction, nor use one that the resize ends, while it remaps: read
 transactions are begun inside the gate (:meth:`kvlog.meta.env.LmdbEnv.begin`), and the pooled
-transactions gets reuse are used inside it. A tag taken during a resize (odd) is valid only
-until that resize's remap, which cannot happen while its holder is inside. ``_runs.Getter``
-enters in C (an item appended to :attr:`MapGate.inside`, the epoch then checked even) and reads
-only views with an even tag.
+transactions gets reuse are used inside it. A tag read by a reader that entered just before a
+resize began (odd) matches no epoch after the remap that follows: its views are never read
+again. ``_runs.Getter`` enters in C (an item appended to
+:attr:`MapGate.inside`, the epoch then checked even, as :meth:`MapGate.enter` does) and reads
+views only with a tag equal to the epoch.
 
 Sections between enter and leave never take a lock, begin a transaction or call out to
 storage, so a resize waits only for reads already under way.
@@ -63,6 +64,7 @@ class MapGate:
     def on_remap(self, hook: Callable[[], None]) -> None:
         """Call the bound method ``hook`` at every resize, once no reader is inside and before
         the map moves: to drop the views a cache keeps. Held weakly: it ends with its object."""
+        self._hooks = [ref for ref in self._hooks if ref() is not None]  # those of closed stores go
         self._hooks.append(weakref.WeakMethod(hook))
 
     def enter(self) -> None:
