@@ -107,7 +107,8 @@ def test_a_flush_leader_gathers_the_writers_the_last_flush_acknowledged(
         after = store.stats()
         flushes = after["flushes"] - before["flushes"]
         assert after["records_flushed"] - before["records_flushed"] == WRITERS * rounds
-        assert flushes <= rounds + 4, f"{flushes} flushes for {WRITERS} writers x {rounds} durable puts"
+        # Without gathering about 2 * rounds; a loaded machine costs a few flushes of stragglers.
+        assert flushes <= rounds * 3 // 2, f"{flushes} flushes for {WRITERS} writers x {rounds} durable puts"
         assert len(store) == 1 + WRITERS * rounds
     finally:
         store.close()
