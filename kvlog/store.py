@@ -14,7 +14,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
-from types import TracebackType
+from types import MethodType, TracebackType
 from typing import Any, TypeVar
 
 from kvlog._native import active as native_active
@@ -114,6 +114,12 @@ class Store(StoreMapping):
         self._compactor: Compactor | None = None
         self._snapshots: weakref.WeakSet[Snapshot] = weakref.WeakSet()
         self._scans = OpenScans(lambda: self._closed, "the store was closed while this iterator was in use")
+        if type(self).get is Store.get:
+            # store.get(key) and store.get(key, default) with a valid bytes key of an open store:
+            # one call of the index (kvlog.index.reads.bound_get), no Python frame; every other
+            # call is the method's below, which gives the same answers and raises every error.
+            self.__dict__["get"] = self._index.bind_get(self, MethodType(Store.get, self), self._found,
+                                                        KEY_BYTES_LIMIT)
         if not log.read_only:
             pid = producer_id if producer_id is not None else log.store_producer_id()
             with log.settle_deferred():  # opening never waits for the index runs to merge

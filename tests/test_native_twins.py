@@ -81,6 +81,7 @@ def test_each_twin_has_the_stubs_functions_and_parameters(key: str) -> None:
             assert callable(getattr(owner, node.name)), (modules.name, cls, node.name)
         twin = getattr(PY, key) if cls is None else getattr(getattr(PY, key), cls)
         wanted = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg != "self"]
+        wanted += [a.arg for a in (node.args.vararg, node.args.kwarg) if a is not None]
         got = [name for name in inspect.signature(getattr(twin, node.name)).parameters if name != "self"]
         assert got == wanted, (key, cls, node.name)
     declared = {node.name for node in stub.body if isinstance(node, ast.FunctionDef | ast.ClassDef)}

@@ -8,7 +8,8 @@
  * - index values: decode and inline check an entry's CRC32C and take it apart.
  * - lmdb_txnid reads the id of an LMDB file's newest commit from its meta pages (a get's check
  *   that the read transaction it reuses is still the newest snapshot); Getter is the common case
- *   of a get in one call, with a read transaction reused while it is the newest.
+ *   of a get in one call, with a read transaction reused while it is the newest; StoreGet is a
+ *   store's whole get in one call for a valid bytes key of an open store.
  *
  * Nothing here trusts its input: every offset read from a run or an index value is checked
  * against the buffer before it is followed, and damage raises ValueError. A lookup checks only
@@ -521,6 +522,7 @@ static PyObject *crc32c(PyObject *self, PyObject *args) {
 }
 
 #include "_runs_get.h"
+#include "_runs_store_get.h"
 
 static PyMethodDef methods[] = {
     {"build", build, METH_VARARGS, "A run of rows of two binary columns, in key order."},
@@ -555,7 +557,7 @@ PyMODINIT_FUNC PyInit__runs(void) {
     }
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && (PyModule_AddObjectRef(m, "ScanWalk", (PyObject *)&ScanWalkType) < 0
-                      || runs_get_init(m) < 0)) {
+                      || runs_get_init(m) < 0 || runs_store_get_init(m) < 0)) {
         Py_CLEAR(m);
     }
     return m;

@@ -40,6 +40,41 @@ static PyObject *lmdb_txnid(PyObject *self, PyObject *const *args, Py_ssize_t na
 
 /* ---- the get fast path ------------------------------------------------------------------- */
 
+/* *dict_out = obj's instance dict (a new reference), or NULL when it has none (its attributes
+ * are slots); -1 on error. A get reads its objects' plain attributes there (attr_in), past the
+ * generic lookup: they are never descriptors, and no one assigns their __dict__. */
+static int dict_of(PyObject *obj, PyObject **dict_out) {
+    *dict_out = NULL;
+    PyObject *d = PyObject_GetAttrString(obj, "__dict__");
+    if (d == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyDict_CheckExact(d)) {
+        *dict_out = d;
+    } else {
+        Py_DECREF(d);
+    }
+    return 0;
+}
+
+/* obj.name (a new reference), read in d (dict_of(obj), or NULL) when d holds it. */
+static inline PyObject *attr_in(PyObject *obj, PyObject *d, PyObject *name) {
+    if (d != NULL) {
+        PyObject *value = PyDict_GetItemWithError(d, name);
+        if (value != NULL) {
+            return Py_NewRef(value);
+        }
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
 /* Getter(memtable, monotonic_s, index, slow, decoded): KeyIndex.lookup's common case in one call
  * (see kvlog.index.reads): a bytes key of at most MAX_DIRECT_KEY bytes that the memtable does
  * not hold, before the freshness deadline, in a complete index, read with a pooled read
@@ -51,6 +86,7 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *memtable, *clock, *index, *slow, *decoded, *snaps, *meta, *gate, *inside;
+    PyObject *memtable_dict, *index_dict; /* their instance dicts (dict_of), or NULL */
     Py_buffer view;
     Py_ssize_t page;
 } Getter;
@@ -77,13 +113,13 @@ static long long getter_newest(const Getter *g) {
 static int getter_in_memtable(Getter *g, PyObject *key) {
     PyObject *names[2] = {s_front, s_frozen};
     for (int i = 0; i < 2; i++) {
-        PyObject *table = PyObject_GetAttr(g->memtable, names[i]);
+        PyObject *table = attr_in(g->memtable, g->memtable_dict, names[i]);
         if (table == NULL) {
             return -1;
         }
         int found = 0;
         if (PyDict_CheckExact(table)) {
-            found = PyDict_Contains(table, key);
+            found = PyDict_GET_SIZE(table) > 0 ? PyDict_Contains(table, key) : 0;
         } else if (table != Py_None) {
             found = 1; /* not a dict: the slow path reads it */
         }
@@ -205,14 +241,8 @@ static int getter_pooled(Getter *g, PyObject *key, PyObject **raw_out, PyObject 
     return POOLED_VALUE;
 }
 
-static PyObject *getter_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Getter *g = (Getter *)self;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL || nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "lookup(key, fresh_until=inf)");
-        return NULL;
-    }
-    PyObject *key = args[0], *fresh = nargs == 2 ? args[1] : NULL;
+/* The lookup of key with freshness deadline fresh (NULL: none): what calling the Getter gives. */
+static PyObject *getter_lookup(Getter *g, PyObject *key, PyObject *fresh) {
     if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) > MAX_DIRECT_KEY || PyBytes_GET_SIZE(key) == 0
         || g->meta == NULL || g->inside == NULL || PyList_GET_SIZE(g->snaps) == 0) {
         return getter_slow(g, key, fresh);
@@ -239,7 +269,7 @@ static PyObject *getter_call(PyObject *self, PyObject *const *args, size_t nargs
             return getter_slow(g, key, fresh);
         }
     }
-    PyObject *complete = PyObject_GetAttr(g->index, s_complete);
+    PyObject *complete = attr_in(g->index, g->index_dict, s_complete);
     if (complete == NULL) {
         return NULL;
     }
@@ -281,6 +311,15 @@ static PyObject *getter_call(PyObject *self, PyObject *const *args, size_t nargs
         }
         return getter_slow(g, key, fresh);
     }
+}
+
+static PyObject *getter_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "lookup(key, fresh_until=inf)");
+        return NULL;
+    }
+    return getter_lookup((Getter *)self, args[0], nargs == 2 ? args[1] : NULL);
 }
 
 static void getter_unwatch(Getter *g) {
@@ -351,7 +390,7 @@ static PyObject *getter_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     g->slow = Py_NewRef(slow);
     g->decoded = Py_NewRef(decoded);
     g->snaps = PyList_New(0);
-    if (g->snaps == NULL) {
+    if (g->snaps == NULL || dict_of(memtable, &g->memtable_dict) < 0 || dict_of(index, &g->index_dict) < 0) {
         Py_DECREF(g);
         return NULL;
     }
@@ -363,6 +402,8 @@ static int getter_traverse(PyObject *self, visitproc visit, void *arg) {
     Py_VISIT(g->memtable);
     Py_VISIT(g->clock);
     Py_VISIT(g->index);
+    Py_VISIT(g->memtable_dict);
+    Py_VISIT(g->index_dict);
     Py_VISIT(g->slow);
     Py_VISIT(g->decoded);
     Py_VISIT(g->snaps);
@@ -378,6 +419,8 @@ static int getter_clear(PyObject *self) {
     Py_CLEAR(g->memtable);
     Py_CLEAR(g->clock);
     Py_CLEAR(g->index);
+    Py_CLEAR(g->memtable_dict);
+    Py_CLEAR(g->index_dict);
     Py_CLEAR(g->slow);
     Py_CLEAR(g->decoded);
     Py_CLEAR(g->snaps);

@@ -10,7 +10,8 @@ layout of an index run, :mod:`kvlog.index.entry` that of an index value.
   CRC32C and take it apart.
 - :func:`lmdb_txnid` reads the id of an LMDB file's newest commit from its meta pages (a get's
   check that the read transaction it reuses is still the newest snapshot); :class:`Getter` is
-  the common case of a get in one call, with a read transaction reused while it is the newest.
+  the common case of a get in one call, with a read transaction reused while it is the newest;
+  :class:`StoreGet` is a store's whole get in one call for a valid bytes key of an open store.
 
 Nothing here trusts its input: every offset read from a run or an index value is checked
 before it is followed, and damage raises ``ValueError``.
@@ -29,8 +30,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kvlog.index._store_get_py import StoreGet
+
 __all__ = ["build", "crc32c", "decode", "entries", "find", "find_first", "inline", "lmdb_txnid",
-           "scan_items", "Getter", "ScanWalk"]
+           "scan_items", "Getter", "ScanWalk", "StoreGet"]
 
 #: Any object with the buffer protocol: bytes, memoryview, a numpy array, an Arrow buffer.
 Buffer = Any

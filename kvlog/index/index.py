@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from itertools import chain
+from typing import Any
 
 import lmdb
 import pyarrow as pa
@@ -38,7 +39,7 @@ from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key
 from kvlog.index.many import ResolveMany, lookup_many
 from kvlog.index.memtable import MemTable, live_value
 from kvlog.index.pending import PinnedRuns, find_in_runs_checked, runs_newest_first
-from kvlog.index.reads import ReadPool, Snap
+from kvlog.index.reads import ReadPool, Snap, bound_get
 from kvlog.index.runs import runs_find
 from kvlog.index.scan import Resolve, scan_pairs
 from kvlog.index.snapshot import IndexReader
@@ -131,6 +132,12 @@ class KeyIndex:
             self._reads.watch(self.fast_lookup)
 
     # -- lookups ----------------------------------------------------------------------------------
+    def bind_get(self, owner: object, fallback: Callable[..., Any], found: Callable[[bytes, Any, Any], Any],
+                 key_limit: int) -> Callable[..., Any]:
+        """``owner``'s ``get`` with its common case in one call over :attr:`fast_lookup` (see
+        :func:`kvlog.index.reads.bound_get`): ``fallback`` answers every other call."""
+        return bound_get(owner, self.fast_lookup, fallback, found, key_limit)
+
     def lookup(self, key: bytes, fresh_until: float = float("inf")) -> bytes | IndexEntry | Stale | None:
         """``key``'s latest value (bytes: from the memtable, or inline in its entry), its entry
         (the value is in a data file), or None (no such key, or deleted). A valid ``key``.

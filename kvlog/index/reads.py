@@ -16,7 +16,9 @@ transaction of its own.
 
 The common case of a get (a short key, not in the memtable, a pooled transaction still the
 newest) runs in one call of ``_runs.Getter`` (:meth:`ReadPool.getter`), which hands every other
-case to :meth:`~kvlog.index.KeyIndex.lookup`.
+case to :meth:`~kvlog.index.KeyIndex.lookup`. A store's ``get`` is one call too
+(:func:`bound_get`): ``_runs.StoreGet`` checks the key and the store's state and calls the
+getter without a Python frame between them.
 
 A pooled transaction pins its snapshot: LMDB cannot reuse the pages later commits free while it
 is open. The index empties the pool before each commit it applies and each settle
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
 else:
     _runs = load("kvlog.index._runs", "kvlog.index._runs_py")
 
-__all__ = ["ReadPool", "Snap"]
+__all__ = ["ReadPool", "Snap", "bound_get"]
 
 #: A pooled read transaction: (its snapshot id, its bound ``get``, the index runs of its
 #: snapshot newest first, empty when it has none, and the tag of the runs' views in the map's
@@ -134,6 +136,16 @@ class ReadPool:
     def watch(self, getter: _runs.Getter) -> None:
         """Make ``getter`` read this pool."""
         getter.watch(self.snaps, self.meta, self.page, self.gate)
+
+
+def bound_get(owner: object, lookup: Callable[..., Any], fallback: Callable[..., Any],
+              found: Callable[[bytes, Any, Any], Any], key_limit: int) -> Callable[..., Any]:
+    """A store's ``get`` with its common case in one call (``_runs.StoreGet``, no Python frame):
+    a bytes key of 1 to ``key_limit`` bytes while ``owner._closed`` is False is looked up as
+    ``lookup(key, owner._refresh_at)`` (the store's refresh deadline), its bytes returned,
+    None read as the default, and any other answer handed to ``found(key, answer, default)``;
+    every other call is ``fallback``'s (the store's own ``get``, with the same arguments)."""
+    return _runs.StoreGet(owner, lookup, fallback, found, key_limit)
 
 
 _pools: weakref.WeakSet[ReadPool] = weakref.WeakSet()
