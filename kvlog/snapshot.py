@@ -201,7 +201,7 @@ class Snapshot:
     def get(self, key: bytes | str, default: Any = None) -> Any:
         """The value of ``key`` in the snapshot, or ``default``."""
         view = self._check()
-        k = to_key(key, KEY_BYTES_LIMIT)
+        k = key if type(key) is bytes and 0 < len(key) <= KEY_BYTES_LIMIT else to_key(key, KEY_BYTES_LIMIT)
         found = view.get(k)
         if found is None:
             return default
