@@ -21,6 +21,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -237,8 +238,9 @@ def _binary_bytes(column: pa.Array) -> int:
     return int(pc.sum(pc.binary_length(column)).as_py() or 0)
 
 
-def _int64_range(column: pa.Array) -> tuple[int | None, int | None]:
-    """The least and greatest value of a non-empty int64 column (None for a column of nulls)."""
+def _int64_range(column: pa.Array) -> tuple[Any, Any]:
+    """The least and greatest value of a non-empty int64 column (as Arrow's ``min`` and ``max``
+    give them: None for a column of nulls)."""
     if column.null_count == 0 and column.type == pa.int64():
         values = np.frombuffer(column.buffers()[1], dtype=np.int64, count=len(column), offset=8 * column.offset)
         return int(values.min()), int(values.max())

@@ -43,9 +43,9 @@ log = logging.getLogger("kvlog.log")
 
 def maybe_checkpoint(the_log: Log) -> None:
     """Write a checkpoint when ``checkpoint_interval`` commits were applied since the last one."""
-    last = the_log.snapshot(lambda r: r.get_meta("checkpoint_version"))
+    last, version = the_log.snapshot(lambda r: (r.get_meta("checkpoint_version"), r.version()))
     last_version = int(last) if last else 0
-    if the_log.version - last_version >= the_log.config.checkpoint_interval:
+    if version - last_version >= the_log.config.checkpoint_interval:
         try:
             write_checkpoint(the_log)
         except KvlogError as e:

@@ -77,6 +77,35 @@ def _decoded(decode: Callable[[Any], T], key: bytes | memoryview, value: bytes |
         raise CacheDamage("a metadata value has the wrong shape", index_only=False) from None
 
 
+#: Rows decoded lately, by (database, key): the exact stored (sealed) bytes each was decoded
+#: from, and what they decode to. Decoding is a function of the key and the bytes alone, so a
+#: row whose stored bytes are equal to a remembered row's is that value, whoever wrote it (this
+#: process, another one, a cache restored from a copy) and whether the transaction that wrote it
+#: committed or not; any other bytes are decoded and checked afresh. A producer's window is read
+#: twice per append and rewritten by each: it is remembered when written.
+_REMEMBERED: dict[tuple[str, bytes], tuple[bytes, Any]] = {}
+_REMEMBER_AT_MOST = 1024
+
+
+def _remembered(db: str, decode: Callable[[Any], T], key: bytes, value: bytes | memoryview) -> T:
+    """:func:`_decoded` of a row of ``db``, reusing the value remembered for the same bytes."""
+    hit = _REMEMBERED.get((db, key))
+    if hit is not None and hit[0] == value:
+        found: T = hit[1]
+        return found
+    decoded = _decoded(decode, key, value)
+    if isinstance(value, bytes):
+        _remember(db, key, value, decoded)
+    return decoded
+
+
+def _remember(db: str, key: bytes, value: bytes, decoded: Any) -> None:
+    """Remember that ``value`` stored under ``key`` in ``db`` decodes to ``decoded``."""
+    if len(_REMEMBERED) >= _REMEMBER_AT_MOST:
+        _REMEMBERED.clear()
+    _REMEMBERED[(db, key)] = (value, decoded)
+
+
 def _end_of(obj: Any) -> int:
     """A partition's end offset from its ``parts`` value."""
     return int(obj["end"])
@@ -213,7 +242,7 @@ class MetaReader:
     def get_producer(self, producer_id: int) -> ProducerState | None:
         key = _PID_KEY.pack(producer_id)
         value = self.txn.get(key, db=self._db["producers"])
-        return None if value is None else _decoded(producer_from_json, key, value)
+        return None if value is None else _remembered("producers", producer_from_json, key, value)
 
     def iter_producers(self) -> Iterator[ProducerState]:
         with self.txn.cursor(db=self._db["producers"]) as cur:
@@ -310,7 +339,9 @@ class MetaTxn(MetaReader):
 
     def put_producer(self, state: ProducerState) -> None:
         key = _PID_KEY.pack(state.producer_id)
-        self.txn.put(key, _json_out(key, producer_to_json(state)), db=self._db["producers"])
+        value = _json_out(key, producer_to_json(state))
+        self.txn.put(key, value, db=self._db["producers"])
+        _remember("producers", key, value, state)
 
     def delete_producer(self, producer_id: int) -> None:
         self.txn.delete(_PID_KEY.pack(producer_id), db=self._db["producers"])
