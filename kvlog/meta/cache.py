@@ -42,7 +42,7 @@ from kvlog.format.producer_state import ProducerState, producer_from_json, produ
 from kvlog.meta.env import CACHE_LAYOUT, LMDB_ERROR, CacheDamage, LmdbEnv, seal, unseal
 from kvlog.meta.records import CleanerState, CommitOutcome, LiveBatch, LiveFile
 
-__all__ = ["LMDB_ERROR", "MetaTxn", "MetaReader", "guard_methods"]
+__all__ = ["LMDB_ERROR", "EncodedRow", "MetaTxn", "MetaReader", "batch_key", "encoded_json", "guard_methods"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -59,8 +59,12 @@ def _loads(raw: bytes | memoryview) -> Any:
         raise CacheDamage("a metadata value does not parse", index_only=False) from None
 
 
+#: ``json.dumps(obj, separators=(",", ":"))``, with its encoder made once rather than per call.
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    return _ENCODE(obj).encode()
 
 
 def _json_in(key: bytes | memoryview, value: bytes | memoryview) -> Any:
@@ -104,6 +108,50 @@ def _remember(db: str, key: bytes, value: bytes, decoded: Any) -> None:
     if len(_REMEMBERED) >= _REMEMBER_AT_MOST:
         _REMEMBERED.clear()
     _REMEMBERED[(db, key)] = (value, decoded)
+
+
+#: A row of the ``files`` or ``batches`` table as checkpoints hold it (:meth:`MetaReader.encoded_rows`):
+#: its stored (sealed) bytes; its value's JSON when that is not the stored payload itself (None:
+#: it is); and what a checkpoint needs of the value (a file: its batches' keys; a batch: its
+#: first offset).
+EncodedRow = tuple[bytes, bytes | None, Any]
+_SEAL_BYTES = len(seal(b"", b""))
+
+
+def _encoded(table: str, key: bytes, value: bytes) -> EncodedRow:
+    """The :data:`EncodedRow` of a stored row of ``table``, decoded and checked."""
+    facts: Any
+    if table == "files":
+        entry = _decoded(LiveFile.from_json, key, value)
+        text, facts = _dumps(entry.to_json()), entry.batches
+    else:
+        batch = _decoded(LiveBatch.from_json, key, value)
+        text, facts = _dumps(batch.to_json()), batch.base
+    return value, (None if value[_SEAL_BYTES:] == text else text), facts
+
+
+def encoded_json(row: EncodedRow) -> bytes:
+    """The JSON of the value of an :data:`EncodedRow`."""
+    return row[0][_SEAL_BYTES:] if row[1] is None else row[1]
+
+
+def _version_of_outcome(key: bytes | memoryview, value: bytes | memoryview) -> int:
+    """The version of a stored outcome: read from the head of its JSON, which
+    :meth:`CommitOutcome.to_json` begins with it (``{"version":<digits>,``); any other shape
+    is decoded whole."""
+    payload = unseal(key, value)
+    head = b'{"version":'
+    if payload.startswith(head):
+        end = payload.find(b",", len(head), len(head) + 21)
+        digits = payload[len(head):end]
+        if end > 0 and digits.isdigit() and (digits[:1] != b"0" or len(digits) == 1):
+            return int(digits)
+    return _decoded(CommitOutcome.from_json, key, value).version
+
+
+def batch_key(partition: int, last: int) -> bytes:
+    """The key of the batch directory's row of the batch of ``partition`` ending at ``last``."""
+    return _BATCH_KEY.pack(partition, last)
 
 
 def _end_of(obj: Any) -> int:
@@ -235,6 +283,17 @@ class MetaReader:
                     return
                 yield _decoded(LiveBatch.from_json, k, v)
 
+    def encoded_rows(self, table: str, known: dict[bytes, EncodedRow]) -> Iterator[tuple[bytes, EncodedRow]]:
+        """Every row of ``table`` (``files`` or ``batches``) in key order, as its key and
+        :data:`EncodedRow`. A row whose stored bytes are equal to those of its ``known`` row is
+        that row (decoding is a function of the key and the bytes alone); any other is decoded
+        and checked."""
+        with self.txn.cursor(db=self._db[table]) as cur:
+            for k, v in cur:
+                key, value = bytes(k), bytes(v)  # the very objects of a snapshot of copies
+                hit = known.get(key)
+                yield key, (hit if hit is not None and hit[0] == value else _encoded(table, key, value))
+
     def count_batches(self) -> int:
         return int(self.txn.stat(self._db["batches"])["entries"])
 
@@ -353,7 +412,7 @@ class MetaTxn(MetaReader):
     def prune_outcomes(self, below_version: int) -> None:
         """Forget outcomes of commits older than ``below_version``."""
         with self.txn.cursor(db=self._db["outcomes"]) as cur:
-            stale = [bytes(k) for k, v in cur if _json_in(k, v)["version"] < below_version]
+            stale = [bytes(k) for k, v in cur if _version_of_outcome(k, v) < below_version]
         for k in stale:
             self.txn.delete(k, db=self._db["outcomes"])
 
