@@ -12,6 +12,7 @@ checkpointed: it is rebuilt from the live data at the newest version.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
 __all__ = ["load_checkpoint", "maybe_checkpoint", "newest_checkpoint", "write_checkpoint"]
 
 log = logging.getLogger("kvlog.log")
+
+#: A string as JSON (as ``json.dumps`` writes it).
+_json_string = json.encoder.encode_basestring_ascii
 
 #: Rows of the ``files`` and ``batches`` tables a log remembers from one checkpoint to the next
 #: (at most this many of each), so that a row unchanged since is not decoded again.
@@ -147,18 +151,12 @@ def _checkpoint_body(r: MetaReader, known: dict[str, dict[bytes, EncodedRow]]) -
     ``known``: rows remembered at the last checkpoint; a row whose stored bytes are unchanged
     is not decoded again. The batches are those the live files list, in their order.
     """
-    seen: dict[str, dict[bytes, EncodedRow]] = {"files": {}, "batches": {}}
-    stored: dict[bytes, EncodedRow] = {}
-    for key, row in r.encoded_rows("batches", known.get("batches", {})):
-        stored[key] = row
-        if len(seen["batches"]) < REMEMBER_ROWS:
-            seen["batches"][key] = row
+    stored = r.encoded_rows("batches", known.get("batches", {}))
+    live = r.encoded_rows("files", known.get("files", {}))
     files: list[bytes] = []
     batches: list[bytes] = []
-    for key, row in r.encoded_rows("files", known.get("files", {})):
-        if len(seen["files"]) < REMEMBER_ROWS:
-            seen["files"][key] = row
-        files.append(json.dumps(key.decode()).encode() + b":" + encoded_json(row))
+    for key, row in live.items():
+        files.append(b"%s:%s" % (_json_string(key.decode()).encode(), encoded_json(row)))
         for p, last in row[2]:
             found = stored.get(batch_key(p, last))
             if found is not None:
@@ -168,6 +166,8 @@ def _checkpoint_body(r: MetaReader, known: dict[str, dict[bytes, EncodedRow]]) -
             batch = r.find_batch(p, last)  # no batch ends at ``last``: the one that holds it
             if batch is not None:
                 batches.append(json.dumps(batch.to_json(), separators=(",", ":")).encode())
+    seen = {name: rows if len(rows) <= REMEMBER_ROWS else dict(itertools.islice(rows.items(), REMEMBER_ROWS))
+            for name, rows in (("files", live), ("batches", stored))}
     small = {
         "version": r.version(),
         "last_commit_ms": r.last_commit_ms(),

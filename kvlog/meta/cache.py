@@ -283,16 +283,18 @@ class MetaReader:
                     return
                 yield _decoded(LiveBatch.from_json, k, v)
 
-    def encoded_rows(self, table: str, known: dict[bytes, EncodedRow]) -> Iterator[tuple[bytes, EncodedRow]]:
-        """Every row of ``table`` (``files`` or ``batches``) in key order, as its key and
+    def encoded_rows(self, table: str, known: dict[bytes, EncodedRow]) -> dict[bytes, EncodedRow]:
+        """Every row of ``table`` (``files`` or ``batches``) by its key, in key order, as an
         :data:`EncodedRow`. A row whose stored bytes are equal to those of its ``known`` row is
         that row (decoding is a function of the key and the bytes alone); any other is decoded
         and checked."""
+        rows: dict[bytes, EncodedRow] = {}
         with self.txn.cursor(db=self._db[table]) as cur:
             for k, v in cur:
                 key, value = bytes(k), bytes(v)  # the very objects of a snapshot of copies
                 hit = known.get(key)
-                yield key, (hit if hit is not None and hit[0] == value else _encoded(table, key, value))
+                rows[key] = hit if hit is not None and hit[0] == value else _encoded(table, key, value)
+        return rows
 
     def count_batches(self) -> int:
         return int(self.txn.stat(self._db["batches"])["entries"])
