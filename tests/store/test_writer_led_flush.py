@@ -98,6 +98,8 @@ def test_freed_memory_is_handed_back_once_per_megabyte_flushed(tmp_path: Path, m
             for i in range(per_release):
                 batch.put(b"k9%03d" % i, value)
         store.flush()
+        with store._flusher._flush_lock:  # type: ignore[union-attr]
+            pass
         assert len(releases) == count + 1
     finally:
         store.close()
