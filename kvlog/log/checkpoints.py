@@ -165,7 +165,7 @@ def _checkpoint_body(r: MetaReader, known: dict[str, dict[bytes, EncodedRow]]) -
                 continue
             batch = r.find_batch(p, last)  # no batch ends at ``last``: the one that holds it
             if batch is not None:
-                batches.append(json.dumps(batch.to_json(), separators=(",", ":")).encode())
+                batches.append(json.dumps(batch.to_json(), separators=(",", ":"), sort_keys=True).encode())
     seen = {name: rows if len(rows) <= REMEMBER_ROWS else dict(itertools.islice(rows.items(), REMEMBER_ROWS))
             for name, rows in (("files", live), ("batches", stored))}
     small = {
@@ -185,7 +185,8 @@ def _checkpoint_body(r: MetaReader, known: dict[str, dict[bytes, EncodedRow]]) -
 def _payload(small: dict[str, Any], files: bytes, batches: bytes) -> bytes:
     """The checkpoint body's JSON: one object with sorted members, ``small``'s encoded as
     :func:`~kvlog.format.envelope.encode_document` encodes them, and ``files`` and ``batches``
-    (JSON already) as the members of those names."""
+    (JSON already, encoded the same way) as the members of those names: the bytes
+    ``encode_document`` gives for the whole body."""
     members = {name: json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
                for name, value in small.items()}
     members["files"] = files

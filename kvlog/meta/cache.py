@@ -61,6 +61,8 @@ def _loads(raw: bytes | memoryview) -> Any:
 
 #: ``json.dumps(obj, separators=(",", ":"))``, with its encoder made once rather than per call.
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+#: The same with sorted members, as documents (checkpoints) are written.
+_ENCODE_SORTED = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 
 
 def _dumps(obj: Any) -> bytes:
@@ -111,9 +113,9 @@ def _remember(db: str, key: bytes, value: bytes, decoded: Any) -> None:
 
 
 #: A row of the ``files`` or ``batches`` table as checkpoints hold it (:meth:`MetaReader.encoded_rows`):
-#: its stored (sealed) bytes; its value's JSON when that is not the stored payload itself (None:
-#: it is); and what a checkpoint needs of the value (a file: its batches' keys; a batch: its
-#: first offset).
+#: its stored (sealed) bytes; its value's JSON as documents are written (compact, members
+#: sorted) when that is not the stored payload itself (None: it is, as rows are written); and
+#: what a checkpoint needs of the value (a file: its batches' keys; a batch: its first offset).
 EncodedRow = tuple[bytes, bytes | None, Any]
 _SEAL_BYTES = len(seal(b"", b""))
 
@@ -123,10 +125,11 @@ def _encoded(table: str, key: bytes, value: bytes) -> EncodedRow:
     facts: Any
     if table == "files":
         entry = _decoded(LiveFile.from_json, key, value)
-        text, facts = _dumps(entry.to_json()), entry.batches
+        obj, facts = entry.to_json(), entry.batches
     else:
         batch = _decoded(LiveBatch.from_json, key, value)
-        text, facts = _dumps(batch.to_json()), batch.base
+        obj, facts = batch.to_json(), batch.base
+    text = _ENCODE_SORTED(obj).encode()
     return value, (None if value[_SEAL_BYTES:] == text else text), facts
 
 

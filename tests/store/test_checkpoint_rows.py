@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import kvlog
 from kvlog.errors import CorruptDataError
-from kvlog.format.envelope import decode_document
+from kvlog.format.envelope import decode_document, encode_document
 from kvlog.format.producer_state import producer_to_json
 from kvlog.log import Log
 from kvlog.log.checkpoints import _checkpoint_body
@@ -61,6 +61,10 @@ def checkpoint_now(the_log: Log, *, forget: bool = False) -> dict[str, Any]:
     version = the_log.write_checkpoint()
     got = written(the_log, version)
     assert got == expected
+    # The very bytes of the body encoded whole (sorted members, as the format says).
+    commit_id = the_log.snapshot(lambda r: r.applied_commit())[1]
+    assert the_log.storage.read(checkpoint_name(version)) == encode_document(
+        "checkpoint", dict(expected, commit_id=commit_id))
     return got
 
 
@@ -120,8 +124,8 @@ def test_a_row_changed_by_another_writer_is_decoded_afresh(tmp_path: Path) -> No
         changed = dict(entry.to_json(), size=entry.size + 1)
         raw_write(the_log.env, "files", key, seal(key, json.dumps(changed, separators=(",", ":")).encode()))
         assert checkpoint_now(the_log)["files"][fid]["size"] == entry.size + 1
-        # Stored in another shape (members reordered, spaces, an older file lacking ``order``):
-        # the checkpoint holds the value it decodes to, in this code's own encoding.
+        # Stored in another shape (members in another order, spaces, an older file lacking
+        # ``order``): the checkpoint holds the value it decodes to, encoded as documents are.
         older = {k: v for k, v in reversed(entry.to_json().items()) if k != "order"}
         raw_write(the_log.env, "files", key, seal(key, json.dumps(older, indent=1).encode()))
         got = checkpoint_now(the_log)["files"][fid]
