@@ -17,7 +17,7 @@ import kvlog
 from kvlog.errors import CorruptDataError
 from kvlog.format.envelope import decode_document, encode_document
 from kvlog.format.producer_state import producer_to_json
-from kvlog.log import Log
+from kvlog.log import Log, checkpoints
 from kvlog.log.checkpoints import _checkpoint_body
 from kvlog.log.naming import checkpoint_name
 from kvlog.meta import CommitOutcome, GroupOffsets, LmdbEnv, MetaReader, MetaTxn, NamedPins, Refusal
@@ -191,3 +191,14 @@ def test_a_malformed_outcome_is_damage_when_pruning(tmp_path: Path, payload: byt
         raw_write(env, "outcomes", *outcome_row("bad", payload))
         with pytest.raises(CorruptDataError):
             env.write(lambda txn: MetaTxn(env, txn).prune_outcomes(3))
+
+
+def test_rows_beyond_the_remembered_ones_are_decoded_each_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checkpoints, "REMEMBER_ROWS", 2)
+    with kvlog.open(tmp_path / "s", **SETTINGS) as store:
+        the_log = store.log
+        for _ in range(3):
+            work(store, 1)
+            checkpoint_now(the_log)
+            assert len(the_log.snapshot(decoded_body)["files"]) > 2
+            assert [len(rows) for rows in the_log.checkpoint_rows.values()] == [2, 2]
