@@ -11,7 +11,10 @@ every thread at once, and that grows with how long (and so how many keys) the
 store has been written.
 
 :func:`release_unused_memory` is called by the thread that did the work, at
-the end of each flush and after each partition of a compaction job: it asks
+the end of a flush (once the flushes since the last call add up to a megabyte,
+``kvlog.log.flusher.RELEASE_AFTER_BYTES``: a durable put's small flush frees a
+few KiB, which the next flush reuses) and after each partition of a compaction
+job: it asks
 Arrow's pool to return what the calling thread's heap no longer uses, and
 glibc to trim its arenas (``malloc_trim``, which releases free pages inside
 the heaps too, not only at their tops). Both calls only return memory that is

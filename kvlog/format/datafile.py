@@ -21,6 +21,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -30,7 +31,13 @@ import xxhash
 
 from kvlog.errors import CorruptDataError
 from kvlog.format.checksum import crc32c
-from kvlog.format.columns import binary_column, binary_ends, int64_column, nullable_int64_column
+from kvlog.format.columns import (
+    binary_column,
+    binary_ends,
+    int64_column,
+    nullable_int64_column,
+    valid_mask,
+)
 from kvlog.format.envelope import FORMAT_VERSION
 from kvlog.memory import ARROW_POOL
 
@@ -216,8 +223,28 @@ def content_digest(records: pa.RecordBatch) -> int:
         h.update((ends - ends[0]).astype("<i8").tobytes())
         h.update(memoryview(data)[first:last])
         if i == 1:
-            h.update(np.asarray(column.is_null(), dtype=np.uint8).tobytes())
+            # One byte per value, 1 where it is null: read from the validity bitmap (an Arrow
+            # compute call costs more than the whole digest of a small batch).
+            h.update(bytes(len(column)) if column.null_count == 0
+                     else (~valid_mask(column)).astype(np.uint8).tobytes())
     return h.intdigest() >> 1
+
+
+def _binary_bytes(column: pa.Array) -> int:
+    """The bytes of a binary column's non-null values (from its offsets when it has no null)."""
+    if column.null_count == 0:
+        ends, _data = binary_ends(column)
+        return int(ends[-1]) - int(ends[0])
+    return int(pc.sum(pc.binary_length(column)).as_py() or 0)
+
+
+def _int64_range(column: pa.Array) -> tuple[Any, Any]:
+    """The least and greatest value of a non-empty int64 column (as Arrow's ``min`` and ``max``
+    give them: None for a column of nulls)."""
+    if column.null_count == 0 and column.type == pa.int64():
+        values = np.frombuffer(column.buffers()[1], dtype=np.int64, count=len(column), offset=8 * column.offset)
+        return int(values.min()), int(values.max())
+    return pc.min(column).as_py(), pc.max(column).as_py()
 
 
 class DataFileWriter:
@@ -251,11 +278,9 @@ class DataFileWriter:
             batch = with_schema(batch, self.schema_version)
         start = self._sink.tell()
         self._writer.write_batch(batch)
-        key_bytes = pc.sum(pc.binary_length(batch.column(0))).as_py() or 0
-        value_bytes = pc.sum(pc.binary_length(batch.column(1))).as_py() or 0
-        ts = batch.column(2)
-        lo = pc.min(ts).as_py()
-        hi = pc.max(ts).as_py()
+        key_bytes = _binary_bytes(batch.column(0))
+        value_bytes = _binary_bytes(batch.column(1))
+        lo, hi = _int64_range(batch.column(2))
         self._spans.append((start, self._sink.tell(), batch.num_rows, key_bytes + value_bytes, lo, hi))
         return len(self._spans) - 1
 

@@ -18,7 +18,7 @@ from typing import Any
 from kvlog.errors import CorruptDataError
 from kvlog.format.checksum import crc32c
 
-__all__ = ["FORMAT_VERSION", "encode_document", "decode_document"]
+__all__ = ["FORMAT_VERSION", "encode_document", "decode_document", "envelope"]
 
 #: The one format version this code reads and writes.
 FORMAT_VERSION = 1
@@ -26,7 +26,11 @@ FORMAT_VERSION = 1
 
 def encode_document(kind: str, body: dict[str, Any]) -> bytes:
     """The envelope bytes of ``body``."""
-    payload = json.dumps(body, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    return envelope(kind, json.dumps(body, separators=(",", ":"), sort_keys=True).encode("utf-8"))
+
+
+def envelope(kind: str, payload: bytes) -> bytes:
+    """The envelope bytes of a body already encoded: ``payload``, one JSON object in UTF-8."""
     header = json.dumps(
         {"kvlog": kind, "format": FORMAT_VERSION, "length": len(payload), "crc32c": crc32c(payload)},
         separators=(",", ":"),

@@ -12,17 +12,20 @@ checkpointed: it is rebuilt from the live data at the newest version.
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
 from kvlog.errors import CorruptDataError, KvlogError
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import decode_commit
-from kvlog.format.envelope import decode_document, encode_document
+from kvlog.format.envelope import decode_document, envelope
 from kvlog.format.producer_state import producer_from_json, producer_to_json
 from kvlog.log.naming import LOG_PREFIX, checkpoint_name, commit_name, parse_log_name
 from kvlog.meta import (
     CleanerState,
+    EncodedRow,
     GroupOffsets,
     LiveBatch,
     LiveFile,
@@ -30,6 +33,8 @@ from kvlog.meta import (
     MetaTxn,
     NamedPin,
     NamedPins,
+    batch_key,
+    encoded_json,
 )
 from kvlog.storage import Storage
 
@@ -40,12 +45,19 @@ __all__ = ["load_checkpoint", "maybe_checkpoint", "newest_checkpoint", "write_ch
 
 log = logging.getLogger("kvlog.log")
 
+#: A string as JSON (as ``json.dumps`` writes it).
+_json_string = json.encoder.encode_basestring_ascii
+
+#: Rows of the ``files`` and ``batches`` tables a log remembers from one checkpoint to the next
+#: (at most this many of each), so that a row unchanged since is not decoded again.
+REMEMBER_ROWS = 1 << 14
+
 
 def maybe_checkpoint(the_log: Log) -> None:
     """Write a checkpoint when ``checkpoint_interval`` commits were applied since the last one."""
-    last = the_log.snapshot(lambda r: r.get_meta("checkpoint_version"))
+    last, version = the_log.snapshot(lambda r: (r.get_meta("checkpoint_version"), r.version()))
     last_version = int(last) if last else 0
-    if the_log.version - last_version >= the_log.config.checkpoint_interval:
+    if version - last_version >= the_log.config.checkpoint_interval:
         try:
             write_checkpoint(the_log)
         except KvlogError as e:
@@ -56,13 +68,15 @@ def maybe_checkpoint(the_log: Log) -> None:
 
 def write_checkpoint(the_log: Log) -> int:
     """Write the full metadata at the applied version as ``log/<version>.checkpoint.json``."""
-    body = the_log.snapshot(_checkpoint_body)
+    known = the_log.checkpoint_rows
+    body, files, batches, seen = the_log.snapshot(lambda r: _checkpoint_body(r, known))
     version = int(body["version"])
     # A checkpoint describes this cache's history: write it only while storage still holds
     # that history (a checkpoint of a history a restore removed would mislead every opener).
     body["commit_id"] = the_log.verify_head(version)
+    the_log.checkpoint_rows = seen
     try:
-        the_log.storage.put_if_absent(checkpoint_name(version), encode_document("checkpoint", body))
+        the_log.storage.put_if_absent(checkpoint_name(version), envelope("checkpoint", _payload(body, files, batches)))
     except FileExistsError:
         pass
     interval = the_log.config.checkpoint_interval
@@ -129,29 +143,55 @@ def newest_checkpoint(storage: Storage) -> int:
     return 0
 
 
-def _checkpoint_body(r: MetaReader) -> dict[str, Any]:
-    files = dict(r.iter_files())
-    batches = []
-    for _fid, entry in files.items():
-        for p, last in entry.batches:
-            b = r.find_batch(p, last)
-            if b is not None:
-                batches.append(b.to_json())
-    parts = {str(p): {"end": end} for p, end in r.iter_partitions()}
-    cleaner = {str(p): state.to_json() for p, state in r.iter_cleaner()}
-    return {
+def _checkpoint_body(r: MetaReader, known: dict[str, dict[bytes, EncodedRow]]) -> tuple[
+        dict[str, Any], bytes, bytes, dict[str, dict[bytes, EncodedRow]]]:
+    """The checkpoint body at ``r``'s version: its small members, its ``files`` object and
+    ``batches`` array as JSON, and the rows of those tables to remember for the next one.
+
+    ``known``: rows remembered at the last checkpoint; a row whose stored bytes are unchanged
+    is not decoded again. The batches are those the live files list, in their order.
+    """
+    stored = r.encoded_rows("batches", known.get("batches", {}))
+    live = r.encoded_rows("files", known.get("files", {}))
+    files: list[bytes] = []
+    batches: list[bytes] = []
+    for key, row in live.items():
+        files.append(b"%s:%s" % (_json_string(key.decode()).encode(), encoded_json(row)))
+        for p, last in row[2]:
+            found = stored.get(batch_key(p, last))
+            if found is not None:
+                if found[2] <= last:  # the batch holds offset ``last``
+                    batches.append(encoded_json(found))
+                continue
+            batch = r.find_batch(p, last)  # no batch ends at ``last``: the one that holds it
+            if batch is not None:
+                batches.append(json.dumps(batch.to_json(), separators=(",", ":"), sort_keys=True).encode())
+    seen = {name: rows if len(rows) <= REMEMBER_ROWS else dict(itertools.islice(rows.items(), REMEMBER_ROWS))
+            for name, rows in (("files", live), ("batches", stored))}
+    small = {
         "version": r.version(),
         "last_commit_ms": r.last_commit_ms(),
-        "files": {fid: entry.to_json() for fid, entry in files.items()},
-        "batches": batches,
-        "parts": parts,
+        "parts": {str(p): {"end": end} for p, end in r.iter_partitions()},
         "producers": [producer_to_json(s) for s in r.iter_producers()],
         "pending": dict(r.iter_pending()),
         "condemned": dict(r.iter_condemned()),
-        "cleaner": cleaner,
+        "cleaner": {str(p): state.to_json() for p, state in r.iter_cleaner()},
         "offsets": [[g, p, o] for g, p, o in GroupOffsets(r).every()],
         "pins": {pin.name: pin.to_json() for pin in NamedPins(r).every()},
     }
+    return small, b"{" + b",".join(files) + b"}", b"[" + b",".join(batches) + b"]", seen
+
+
+def _payload(small: dict[str, Any], files: bytes, batches: bytes) -> bytes:
+    """The checkpoint body's JSON: one object with sorted members, ``small``'s encoded as
+    :func:`~kvlog.format.envelope.encode_document` encodes them, and ``files`` and ``batches``
+    (JSON already, encoded the same way) as the members of those names: the bytes
+    ``encode_document`` gives for the whole body."""
+    members = {name: json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+               for name, value in small.items()}
+    members["files"] = files
+    members["batches"] = batches
+    return b"{" + b",".join(json.dumps(name).encode() + b":" + members[name] for name in sorted(members)) + b"}"
 
 
 def _load_checkpoint_body(meta: MetaTxn, name: str, body: dict[str, Any]) -> None:

@@ -90,10 +90,13 @@ class Committer:
                 commit = decode_commit(name, data)
                 if commit.version != version + 1:
                     raise CorruptDataError(name, f"holds version {commit.version}")
-                self._apply(commit, crc32c(data))
+                self._apply(commit, crc32c(data), self._log.snapshot(lambda r: r.applied_commit()))
                 version += 1
 
-    def _apply(self, commit: Commit, crc: int) -> None:
+    def _apply(self, commit: Commit, crc: int, applied: tuple[int, str, int] | None) -> CommitOutcome | None:
+        """Apply ``commit`` (``crc``: the CRC32C of its bytes) if the cache is at the version
+        before it; return the outcome it decided (None: the cache was elsewhere). ``applied`` is
+        the cache's head (:meth:`MetaReader.applied_commit`), read under :attr:`apply_lock`."""
         the_log = self._log
         own = self._own.get(commit.commit_id, {})
 
@@ -113,37 +116,40 @@ class Committer:
             return decode_batch(file.path, data, loc)
 
         missing: list[str] = []
-        stray = self._is_stray(commit)
+        stray = self._is_stray(commit, applied)
 
-        def work(txn: Any) -> int | None:
+        def work(txn: Any) -> tuple[int, CommitOutcome] | None:
             meta = MetaTxn(the_log.env, txn)
             if meta.version() != commit.version - 1:
                 return None
             if stray:
-                apply_stray(meta, commit)
+                outcome = apply_stray(meta, commit)
                 meta.set_applied_commit(commit.version, commit.commit_id, crc)
-                return runs_pending(meta)
+                return runs_pending(meta), outcome
             missing.clear()
             # An index marked for rebuilding is not maintained meanwhile (the rebuild reads the
             # live data at the newest version; files of older versions may be gone).
             settings = the_log.apply_settings(index_ready=meta.get_meta("index_ready") != b"0")
-            apply_commit(meta, commit, source, settings)
+            outcome = apply_commit(meta, commit, source, settings)
             meta.set_applied_commit(commit.version, commit.commit_id, crc)
             if missing:
                 meta.put_meta("index_ready", b"0")  # rebuilt at the next open if we stop here
-            return runs_pending(meta)
+            return runs_pending(meta), outcome
 
         # The index pauses the store's writers while a commit writes it record by record.
         with the_log.index.applying():
-            runs = the_log.env.write(work)
-        if runs is not None:
-            self.commits_applied += 1
-            self.signal.notify()
-            self.index_stale = self.index_stale or bool(missing)
-            if the_log.index.settle_due(runs):
-                the_log.settle_index()
+            done = the_log.env.write(work)
+        if done is None:
+            return None
+        runs, outcome = done
+        self.commits_applied += 1
+        self.signal.notify()
+        self.index_stale = self.index_stale or bool(missing)
+        if the_log.index.settle_due(runs):
+            the_log.settle_index()
+        return outcome
 
-    def _is_stray(self, commit: Commit) -> bool:
+    def _is_stray(self, commit: Commit, applied: tuple[int, str, int] | None) -> bool:
         """Whether ``commit`` was written after a gap: it names another predecessor than the
         commit at the version before, which storage holds as this cache applied it.
 
@@ -152,7 +158,6 @@ class Committer:
         out of date, and :class:`StorageBehindError` says so.
         """
         the_log = self._log
-        applied: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_commit())
         if (commit.previous_id is None or applied is None or applied[0] != commit.version - 1
                 or applied[1] == commit.previous_id):
             return False
@@ -198,13 +203,19 @@ class Committer:
                     _pause(min(0.01 * 2 ** (storage_errors - 1), 1.0))
                 # The first attempt takes the version after the applied one without asking
                 # storage: if another writer took it, put-if-absent refuses, and the retry reads.
-                version = (the_log.version if attempt == 0 else the_log.refresh()) + 1
+                # The head is read in the same snapshot: the commit at that version.
+                if attempt == 0:
+                    head: tuple[int, tuple[int, str, int] | None] = the_log.snapshot(
+                        lambda r: (r.version(), r.applied_commit()))
+                else:
+                    head = the_log.refresh(), None
+                version = head[0] + 1
                 commit = build(version)
                 done = self.outcome(commit.commit_id)
                 if done is not None:
                     return done
                 try:
-                    previous = self._checked_own_head(version - 1)
+                    previous = self._checked_own_head(version - 1, head)
                     if previous is None:
                         previous = self.verify_head(version - 1)
                 except StorageError as e:
@@ -216,6 +227,7 @@ class Committer:
                 if own:
                     self._own[commit.commit_id] = own
                 created = False
+                decided: CommitOutcome | None = None
                 try:
                     data = encode_commit(commit)
                     try:
@@ -232,22 +244,23 @@ class Committer:
                         created = True  # it landed, its answer was lost
                         the_log.refresh()
                     else:
-                        self._apply_created(decode_commit(name, data), crc32c(data))
+                        decided = self._apply_created(decode_commit(name, data), crc32c(data))
                 finally:
                     self._own.pop(commit.commit_id, None)
-                done = self.outcome(commit.commit_id)
+                done = decided if decided is not None else self.outcome(commit.commit_id)
                 if done is not None:
                     if created:
-                        self._verify_follows(commit, version - 1)
+                        self._verify_follows(commit, version - 1, head)
                     the_log.maybe_checkpoint()
                     return done
             if last_error is not None and storage_errors == retries:
                 raise StorageError(f"every commit attempt failed: {last_error}") from last_error
             raise CommitConflictError(f"{retries} attempts lost the race for the next commit version")
 
-    def _checked_own_head(self, version: int) -> str | None:
+    def _checked_own_head(self, version: int, head: tuple[int, tuple[int, str, int] | None]) -> str | None:
         """The id of commit ``version`` when it is the commit this writer created last, checked
         after it landed, and still the head this cache applied; else None (read it in storage).
+        ``head``: the applied version and head read in one snapshot (the head unread: None).
 
         Skipping the read is safe because every commit is checked after it lands
         (:meth:`_verify_follows` reads the commit it follows): a restore that removed or
@@ -257,13 +270,16 @@ class Committer:
         own = self._own_head
         if own is None or own[0] != version:
             return None
-        applied: tuple[int, str, int] | None = self._log.snapshot(lambda r: r.applied_commit())
+        applied = head[1] if head[0] == version else None
+        if applied is None:
+            applied = self._log.snapshot(lambda r: r.applied_commit())
         if applied is None or (applied[0], applied[1]) != own:
             return None
         return own[1]
 
-    def _apply_created(self, commit: Commit, crc: int) -> None:
-        """Apply ``commit``, which this writer just created (``crc``: the CRC32C of its bytes).
+    def _apply_created(self, commit: Commit, crc: int) -> CommitOutcome | None:
+        """Apply ``commit``, which this writer just created (``crc``: the CRC32C of its bytes),
+        and return the outcome applying it here decided (None: the cache was elsewhere).
 
         A put-if-absent that succeeded proves storage holds exactly these bytes at that
         version: the commit is decoded from them and applied, not read back. If the cache moved on
@@ -271,10 +287,11 @@ class Committer:
         """
         the_log = self._log
         with self.apply_lock:
-            if the_log.version == commit.version - 1:
-                self._apply(commit, crc)
-            if the_log.version < commit.version or self.index_stale:
+            version, applied = the_log.snapshot(lambda r: (r.version(), r.applied_commit()))
+            decided = self._apply(commit, crc, applied) if version == commit.version - 1 else None
+            if (decided is None and the_log.version < commit.version) or self.index_stale:
                 the_log.refresh()
+            return decided
 
     def verify_head(self, version: int) -> str | None:
         """Before writing commit ``version + 1``: check that commit ``version``, the newest this
@@ -338,21 +355,30 @@ class Committer:
                 "that commit was on its way); nothing was written: reopen the store to rebuild its cache",
             )
 
-    def _verify_follows(self, commit: Commit, previous: int) -> None:
+    def _verify_follows(self, commit: Commit, previous: int,
+                        head: tuple[int, tuple[int, str, int] | None]) -> None:
         """After ``commit`` landed: check that the commit it follows is still in storage, so it
         is not acknowledged after a gap (a root restored while it was on its way).
 
         Otherwise the commit, which no fresh reader can reach, is taken back (deleted: only its
         writer does that, and only a cache of the lost history could have applied it) and
-        :class:`StorageBehindError` is raised; nothing is acknowledged.
+        :class:`StorageBehindError` is raised; nothing is acknowledged. ``head``: the applied
+        version and head read before writing (the head unread: None); when the commit read now
+        has the bytes of that head, which ``commit`` follows, it need not be decoded.
         """
         if previous == 0 or commit.previous_id is None:
             return
         storage = self._log.storage
         name = commit_name(previous)
         own = commit_name(commit.version)
+        known = head[1] if head[0] == previous else None
         try:
-            follows = decode_commit(name, storage.read(name)).commit_id == commit.previous_id
+            data = storage.read(name)
+            if known is not None and known[0] == previous and known[1] == commit.previous_id \
+                    and crc32c(data) == known[2]:
+                follows = True
+            else:
+                follows = decode_commit(name, data).commit_id == commit.previous_id
         except FileNotFoundError:
             follows = self._collected_after(commit, own)
         if follows:

@@ -63,6 +63,12 @@ GATHER_S = 0.002
 #: (measured at about 300 bytes for 16-byte keys and 100-byte values).
 RECORD_OVERHEAD_BYTES = 320
 
+#: Flushed bytes (as the buffer counts them) after which the flushing thread hands freed
+#: memory back to the system (``release_unused_memory``): at once after a flush this large,
+#: else after the flushes that add up to it. A small flush frees a few KiB, which the next one
+#: reuses, while handing memory back costs as much as the rest of a small flush's CPU work.
+RELEASE_AFTER_BYTES = 1 << 20
+
 
 @dataclass
 class _InFlight:
@@ -170,6 +176,7 @@ class Flusher:
         self.last_error: str | None = None
         self.flushes = 0
         self.records_flushed = 0
+        self._unreleased_bytes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -385,9 +392,15 @@ class Flusher:
             self.records_flushed += inflight.records
             self.last_error = None
             self._expected = inflight.writers + self._queued
-        # The flush's Arrow copies and encodings were allocated by this thread: hand them back now,
-        # or every flushing thread's allocator keeps its own high-water mark.
-        release_unused_memory()
+            self._unreleased_bytes += inflight.nbytes
+            release = self._unreleased_bytes >= RELEASE_AFTER_BYTES
+            if release:
+                self._unreleased_bytes = 0
+        # The flush's Arrow copies and encodings were allocated by this thread: hand them back
+        # (once a megabyte's worth was flushed), or every flushing thread's allocator keeps its
+        # own high-water mark.
+        if release:
+            release_unused_memory()
 
     def _due(self) -> bool:
         if self._inflight is not None and not self._leading:

@@ -49,7 +49,7 @@ from kvlog.log.reader import (
 )
 from kvlog.log.records import AppendResult, Record, partition_for_key
 from kvlog.log.replay import ApplySettings
-from kvlog.meta import CommitOutcome, LiveBatch, LmdbEnv, MetaReader, release_env
+from kvlog.meta import CommitOutcome, EncodedRow, LiveBatch, LmdbEnv, MetaReader, release_env
 from kvlog.progress import progress
 from kvlog.storage import Storage
 
@@ -84,6 +84,9 @@ class Log:
         #: Set on a log opened at a named checkpoint: the version it stays at (no commit after
         #: it is applied; see ``kvlog.log.pinned_open``).
         self.frozen_at: int | None = None
+        #: Rows of the catalog's files and batches the last checkpoint wrote, by their stored
+        #: bytes (see ``kvlog.log.checkpoints``).
+        self.checkpoint_rows: dict[str, dict[bytes, EncodedRow]] = {}
         self._committer = Committer(self)
         #: Held while commits are applied: a reader holding it sees no apply in between.
         self.apply_lock = self._committer.apply_lock

@@ -1,7 +1,7 @@
 """The LMDB metadata cache: the catalog of a store's files, batches, producers and partitions;
 the only package that imports lmdb but for :mod:`kvlog.index`, which keeps its key index there."""
 
-from kvlog.meta.cache import MetaReader, MetaTxn
+from kvlog.meta.cache import EncodedRow, MetaReader, MetaTxn, batch_key, encoded_json
 from kvlog.meta.env import DB_NAMES, LmdbEnv, acquire_env, release_env, reset_env
 from kvlog.meta.group_offsets import GroupOffsets
 from kvlog.meta.named_pins import NamedPin, NamedPins
@@ -15,6 +15,6 @@ from kvlog.meta.records import (
 )
 
 __all__ = [
-    "DB_NAMES", "BatchOutcome", "GroupOffsets", "NamedPin", "NamedPins", "CleanerState", "CommitOutcome", "LiveBatch", "LiveFile", "LmdbEnv",
+    "DB_NAMES", "BatchOutcome", "EncodedRow", "batch_key", "encoded_json", "GroupOffsets", "NamedPin", "NamedPins", "CleanerState", "CommitOutcome", "LiveBatch", "LiveFile", "LmdbEnv",
     "MetaReader", "MetaTxn", "Refusal", "acquire_env", "release_env", "reset_env",
 ]

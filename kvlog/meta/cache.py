@@ -42,7 +42,7 @@ from kvlog.format.producer_state import ProducerState, producer_from_json, produ
 from kvlog.meta.env import CACHE_LAYOUT, LMDB_ERROR, CacheDamage, LmdbEnv, seal, unseal
 from kvlog.meta.records import CleanerState, CommitOutcome, LiveBatch, LiveFile
 
-__all__ = ["LMDB_ERROR", "MetaTxn", "MetaReader", "guard_methods"]
+__all__ = ["LMDB_ERROR", "EncodedRow", "MetaTxn", "MetaReader", "batch_key", "encoded_json", "guard_methods"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -59,8 +59,14 @@ def _loads(raw: bytes | memoryview) -> Any:
         raise CacheDamage("a metadata value does not parse", index_only=False) from None
 
 
+#: ``json.dumps(obj, separators=(",", ":"))``, with its encoder made once rather than per call.
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+#: The same with sorted members, as documents (checkpoints) are written.
+_ENCODE_SORTED = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
+
+
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    return _ENCODE(obj).encode()
 
 
 def _json_in(key: bytes | memoryview, value: bytes | memoryview) -> Any:
@@ -75,6 +81,80 @@ def _decoded(decode: Callable[[Any], T], key: bytes | memoryview, value: bytes |
         return decode(obj)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError):  # e.g. a list, not an object
         raise CacheDamage("a metadata value has the wrong shape", index_only=False) from None
+
+
+#: Rows decoded lately, by (database, key): the exact stored (sealed) bytes each was decoded
+#: from, and what they decode to. Decoding is a function of the key and the bytes alone, so a
+#: row whose stored bytes are equal to a remembered row's is that value, whoever wrote it (this
+#: process, another one, a cache restored from a copy) and whether the transaction that wrote it
+#: committed or not; any other bytes are decoded and checked afresh. A producer's window is read
+#: twice per append and rewritten by each: it is remembered when written.
+_REMEMBERED: dict[tuple[str, bytes], tuple[bytes, Any]] = {}
+_REMEMBER_AT_MOST = 1024
+
+
+def _remembered(db: str, decode: Callable[[Any], T], key: bytes, value: bytes | memoryview) -> T:
+    """:func:`_decoded` of a row of ``db``, reusing the value remembered for the same bytes."""
+    hit = _REMEMBERED.get((db, key))
+    if hit is not None and hit[0] == value:
+        found: T = hit[1]
+        return found
+    decoded = _decoded(decode, key, value)
+    if isinstance(value, bytes):
+        _remember(db, key, value, decoded)
+    return decoded
+
+
+def _remember(db: str, key: bytes, value: bytes, decoded: Any) -> None:
+    """Remember that ``value`` stored under ``key`` in ``db`` decodes to ``decoded``."""
+    if len(_REMEMBERED) >= _REMEMBER_AT_MOST:
+        _REMEMBERED.clear()
+    _REMEMBERED[(db, key)] = (value, decoded)
+
+
+#: A row of the ``files`` or ``batches`` table as checkpoints hold it (:meth:`MetaReader.encoded_rows`):
+#: its stored (sealed) bytes; its value's JSON as documents are written (compact, members
+#: sorted) when that is not the stored payload itself (None: it is, as rows are written); and
+#: what a checkpoint needs of the value (a file: its batches' keys; a batch: its first offset).
+EncodedRow = tuple[bytes, bytes | None, Any]
+_SEAL_BYTES = len(seal(b"", b""))
+
+
+def _encoded(table: str, key: bytes, value: bytes) -> EncodedRow:
+    """The :data:`EncodedRow` of a stored row of ``table``, decoded and checked."""
+    facts: Any
+    if table == "files":
+        entry = _decoded(LiveFile.from_json, key, value)
+        obj, facts = entry.to_json(), entry.batches
+    else:
+        batch = _decoded(LiveBatch.from_json, key, value)
+        obj, facts = batch.to_json(), batch.base
+    text = _ENCODE_SORTED(obj).encode()
+    return value, (None if value[_SEAL_BYTES:] == text else text), facts
+
+
+def encoded_json(row: EncodedRow) -> bytes:
+    """The JSON of the value of an :data:`EncodedRow`."""
+    return row[0][_SEAL_BYTES:] if row[1] is None else row[1]
+
+
+def _version_of_outcome(key: bytes | memoryview, value: bytes | memoryview) -> int:
+    """The version of a stored outcome: read from the head of its JSON, which
+    :meth:`CommitOutcome.to_json` begins with it (``{"version":<digits>,``); any other shape
+    is decoded whole."""
+    payload = unseal(key, value)
+    head = b'{"version":'
+    if payload.startswith(head):
+        end = payload.find(b",", len(head), len(head) + 21)
+        digits = payload[len(head):end]
+        if end > 0 and digits.isdigit() and (digits[:1] != b"0" or len(digits) == 1):
+            return int(digits)
+    return _decoded(CommitOutcome.from_json, key, value).version
+
+
+def batch_key(partition: int, last: int) -> bytes:
+    """The key of the batch directory's row of the batch of ``partition`` ending at ``last``."""
+    return _BATCH_KEY.pack(partition, last)
 
 
 def _end_of(obj: Any) -> int:
@@ -206,6 +286,19 @@ class MetaReader:
                     return
                 yield _decoded(LiveBatch.from_json, k, v)
 
+    def encoded_rows(self, table: str, known: dict[bytes, EncodedRow]) -> dict[bytes, EncodedRow]:
+        """Every row of ``table`` (``files`` or ``batches``) by its key, in key order, as an
+        :data:`EncodedRow`. A row whose stored bytes are equal to those of its ``known`` row is
+        that row (decoding is a function of the key and the bytes alone); any other is decoded
+        and checked."""
+        rows: dict[bytes, EncodedRow] = {}
+        with self.txn.cursor(db=self._db[table]) as cur:
+            for k, v in cur:
+                key, value = bytes(k), bytes(v)  # the very objects of a snapshot of copies
+                hit = known.get(key)
+                rows[key] = hit if hit is not None and hit[0] == value else _encoded(table, key, value)
+        return rows
+
     def count_batches(self) -> int:
         return int(self.txn.stat(self._db["batches"])["entries"])
 
@@ -213,7 +306,7 @@ class MetaReader:
     def get_producer(self, producer_id: int) -> ProducerState | None:
         key = _PID_KEY.pack(producer_id)
         value = self.txn.get(key, db=self._db["producers"])
-        return None if value is None else _decoded(producer_from_json, key, value)
+        return None if value is None else _remembered("producers", producer_from_json, key, value)
 
     def iter_producers(self) -> Iterator[ProducerState]:
         with self.txn.cursor(db=self._db["producers"]) as cur:
@@ -310,7 +403,9 @@ class MetaTxn(MetaReader):
 
     def put_producer(self, state: ProducerState) -> None:
         key = _PID_KEY.pack(state.producer_id)
-        self.txn.put(key, _json_out(key, producer_to_json(state)), db=self._db["producers"])
+        value = _json_out(key, producer_to_json(state))
+        self.txn.put(key, value, db=self._db["producers"])
+        _remember("producers", key, value, state)
 
     def delete_producer(self, producer_id: int) -> None:
         self.txn.delete(_PID_KEY.pack(producer_id), db=self._db["producers"])
@@ -322,7 +417,7 @@ class MetaTxn(MetaReader):
     def prune_outcomes(self, below_version: int) -> None:
         """Forget outcomes of commits older than ``below_version``."""
         with self.txn.cursor(db=self._db["outcomes"]) as cur:
-            stale = [bytes(k) for k, v in cur if _json_in(k, v)["version"] < below_version]
+            stale = [bytes(k) for k, v in cur if _version_of_outcome(k, v) < below_version]
         for k in stale:
             self.txn.delete(k, db=self._db["outcomes"])
 

@@ -63,19 +63,18 @@ class LiveBatch:
                              self.min_timestamp, self.max_timestamp, self.schema)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object of the batch directory and of checkpoints."""
-        out: dict[str, Any] = {
-            "f": self.file_id, "path": self.path, "level": self.level, "p": self.partition,
-            "pos": self.position, "len": self.length, "crc": self.crc, "n": self.count,
-            "bytes": self.data_bytes, "ts": [self.min_timestamp, self.max_timestamp],
-            "base": self.base, "last": self.last,
-        }
-        if self.present is not None:
-            out["present"] = self.present
+        """The JSON object of the batch directory and of checkpoints, its members in sorted
+        order (as checkpoints write them: a stored row is then that very JSON)."""
+        out: dict[str, Any] = {"base": self.base, "bytes": self.data_bytes, "crc": self.crc, "f": self.file_id}
         if self.horizon_ms is not None:
             out["horizon"] = self.horizon_ms
+        out.update(last=self.last, len=self.length, level=self.level, n=self.count, p=self.partition,
+                   path=self.path, pos=self.position)
+        if self.present is not None:
+            out["present"] = self.present
         if self.schema != DATAFILE_VERSION:
             out["schema"] = self.schema
+        out["ts"] = [self.min_timestamp, self.max_timestamp]
         return out
 
     @classmethod
@@ -110,10 +109,9 @@ class LiveFile:
     replace's outputs (compaction's outputs take their inputs' place)."""
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object of the file table and of checkpoints."""
-        return {"path": self.path, "level": self.level, "size": self.size, "crc": self.crc,
-                "batches": [list(b) for b in self.batches], "version": self.version,
-                "order": list(self.order)}
+        """The JSON object of the file table and of checkpoints, its members in sorted order."""
+        return {"batches": [list(b) for b in self.batches], "crc": self.crc, "level": self.level,
+                "order": list(self.order), "path": self.path, "size": self.size, "version": self.version}
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> LiveFile:

@@ -21,10 +21,16 @@ import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 from store_support import Root, child_env, python_script
 from writer_proc import BATCH_SIZE, value_for
+
+from kvlog.log.checkpoints import newest_checkpoint
+from kvlog.log.naming import LOG_PREFIX, parse_log_name
+from kvlog.meta import MetaReader
+from kvlog.storage import LocalStorage
 
 #: The writer flushes in the background too (the default interval, small buffers).
 WRITER_SETTINGS = {"flush_interval_ms": 20, "flush_bytes": 64 * 1024, "partitions": 4,
@@ -33,11 +39,18 @@ WRITER_SETTINGS = {"flush_interval_ms": 20, "flush_bytes": 64 * 1024, "partition
 _BATCH_KEY = re.compile(r"^r(\d+)-b(\d+)-(\d+)$")
 
 
+#: A checkpoint every other commit and compaction in the background: kills land in the middle of
+#: checkpoints, and the files and batches checkpoints hold change between them.
+CHECKPOINTING = dict(WRITER_SETTINGS, checkpoint_interval=2, background_compaction=True,
+                     compaction_interval_ms=100)
+
+
 def _run_and_kill(root: Root, run: int, kill_after: int, rng: random.Random, log_path: str,
-                  threads: int = 0) -> list[str]:
+                  threads: int = 0, settings: dict[str, Any] | None = None) -> list[str]:
     """Start a writer (``threads`` threads of durable puts if given), let it acknowledge
     ``kill_after`` keys, SIGKILL it, return every acknowledged key."""
-    spec = root.spec(run=run, seed=rng.randrange(2**32), settings=WRITER_SETTINGS, threads=threads)
+    spec = root.spec(run=run, seed=rng.randrange(2**32), settings=settings or WRITER_SETTINGS,
+                     threads=threads)
     with open(log_path, "wb") as errors:
         proc = subprocess.Popen(python_script("writer_proc.py"), env=child_env(spec),
                                 stdout=subprocess.PIPE, stderr=errors)
@@ -167,3 +180,40 @@ def test_reopening_never_merges_pending_index_runs(tmp_path: Path) -> None:
         reopened.put(b"c", b"z", sync=True)  # the writer's own next commit merges them
         assert reopened.stats()["index_runs"] == 0
         assert reopened.check() == []
+
+
+def _catalog(r: MetaReader) -> dict[str, Any]:
+    """The live files and batches, partition ends and producers a cache holds."""
+    return {"version": r.version(), "files": dict(r.iter_files()),
+            "batches": {p: list(r.iter_batches(p)) for p, _end in r.iter_partitions()},
+            "ends": dict(r.iter_partitions()), "producers": sorted(p.producer_id for p in r.iter_producers())}
+
+
+def test_sigkill_in_the_middle_of_checkpoints_then_a_fresh_cache_from_the_newest(
+    local_root: Root, tmp_path: os.PathLike[str],
+) -> None:
+    """A writer checkpointing every other commit, compacting meanwhile, is killed (often in the
+    middle of a checkpoint): a fresh cache starts from the newest checkpoint it wrote and holds
+    what the killed writer's own cache holds, every acknowledged write included."""
+    rng = random.Random(5)
+    acked: set[str] = set()
+    loaded = []
+    for run in range(3):
+        kill_after = rng.randint(60, 200)
+        got = _run_and_kill(local_root, run, kill_after, rng, os.path.join(tmp_path, f"writer-{run}.log"),
+                            settings=CHECKPOINTING)
+        assert len(got) >= kill_after
+        acked.update(got)
+        storage = LocalStorage(local_root.uri)
+        parsed = [parse_log_name(info.name) for info in storage.list(LOG_PREFIX)]
+        written = max(p[0] for p in parsed if p is not None and p[1] == "commit")
+        loaded.append(newest_checkpoint(storage))
+        assert loaded[-1] >= written - 3  # one of the last commits' checkpoints
+        own = _verify(local_root, acked, cache=None, read_only=False)
+        with local_root.open() as store:
+            own_catalog = store.log.snapshot(_catalog)
+        fresh = _verify(local_root, acked, cache=f"fresh-{run}", read_only=True)
+        assert own == fresh
+        with local_root.open(cache=f"fresh-{run}", read_only=True) as store:
+            assert store.log.snapshot(_catalog) == own_catalog
+    assert loaded == sorted(set(loaded))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import kvlog
 from kvlog.log import flusher as flusher_module
@@ -55,3 +56,50 @@ def test_a_failed_writer_flush_does_not_raise_and_is_retried(tmp_path: Path) -> 
         assert reopened.check() == []
     finally:
         reopened.close()
+
+
+def test_freed_memory_is_handed_back_once_per_megabyte_flushed(tmp_path: Path, monkeypatch: Any) -> None:
+    """Small flushes hand memory back once they add up to RELEASE_AFTER_BYTES, from whichever
+    thread flushed; a flush that large hands it back at once."""
+    releases: list[str] = []
+    real = flusher_module.release_unused_memory
+
+    def counted() -> None:
+        releases.append(threading.current_thread().name)
+        real()
+
+    monkeypatch.setattr(flusher_module, "release_unused_memory", counted)
+    store = kvlog.open(str(tmp_path / "s"), background_compaction=False)
+    try:
+        value = b"v" * 8000
+        small = len(b"k0000") + len(value) + flusher_module.RECORD_OVERHEAD_BYTES
+        per_release = -(-flusher_module.RELEASE_AFTER_BYTES // small)  # sync puts per release
+
+        def durable(thread: int, n: int) -> None:
+            for i in range(n):
+                store.put(b"k%d%03d" % (thread, i), value, sync=True)
+
+        durable(0, per_release - 1)
+        assert releases == []
+        durable(0, 1)
+        assert len(releases) == 1
+        workers = [threading.Thread(target=durable, args=(t, per_release // 4 + 1)) for t in range(1, 9)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        with store._flusher._flush_lock:  # type: ignore[union-attr]
+            pass  # the last flush handed memory back (after its writers were acknowledged)
+        # 2 * per_release + 8 puts flushed since: twice, or once if a group commit of up to 8
+        # puts went past the megabyte (what it flushed beyond counts towards no next time).
+        assert len(releases) in (2, 3)
+        count = len(releases)
+        with store.batch() as batch:  # one write: one flush of a megabyte
+            for i in range(per_release):
+                batch.put(b"k9%03d" % i, value)
+        store.flush()
+        with store._flusher._flush_lock:  # type: ignore[union-attr]
+            pass
+        assert len(releases) == count + 1
+    finally:
+        store.close()
