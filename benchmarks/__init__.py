@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -175,8 +176,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     from kvlog.errors import MissingExtraError
 
+    args = parser.parse_args(argv)
+    if os.path.isdir(args.out):
+        # Checked before any benchmark runs: the results would be lost at the end.
+        print(f"python -m benchmarks: --out {args.out} is a directory; give the results file, e.g. "
+              f"{os.path.join(args.out, 'latest.json')}", file=sys.stderr)
+        return 2
     try:
-        return main_from_args(parser.parse_args(argv))
+        return main_from_args(args)
     except MissingExtraError as e:
         print(f"python -m benchmarks: {e}", file=sys.stderr)
         return 2

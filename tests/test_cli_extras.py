@@ -206,6 +206,15 @@ def test_the_benchmarks_without_matplotlib_refuse_before_running(tmp_path: Path,
     assert not out.parent.exists()
 
 
+def test_the_benchmarks_refuse_a_directory_as_their_results_file(tmp_path: Path) -> None:
+    """``--out`` names the results file: a directory is refused before anything runs."""
+    done = bench("--quick", "--only", "store.puts", "--no-plot", "--out", str(tmp_path),
+                 env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert one_line(done) == (f"python -m benchmarks: --out {tmp_path} is a directory; give the results "
+                              f"file, e.g. {tmp_path / 'latest.json'}")
+    assert done.returncode == 2 and done.stdout == "" and list(tmp_path.iterdir()) == []
+
+
 def test_a_failing_chart_loses_no_result(tmp_path: Path) -> None:
     """matplotlib imports but cannot draw (injected): the results file is written anyway and one
     line says the charts were skipped."""
