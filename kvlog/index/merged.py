@@ -11,8 +11,8 @@ for a key hidden there (a deletion, a tombstone, a write or entry expired at the
 which hides the B-tree's entry, or ``(partition, offset, expiry)`` for a value in a data file.
 
 A walk stops at what it does not hand out itself (an entry whose value is in a data file, a
-damaged entry, the overlay's chunk consumed, the end); this module's generator then does that
-part in Python and starts the next walk. Overlay chunks start at :data:`FIRST_CHUNK` entries and
+damaged entry, the overlay's chunk consumed, the end); the scan's generator
+(:mod:`kvlog.index.scan`) then does that part in Python and starts the next walk. Overlay chunks start at :data:`FIRST_CHUNK` entries and
 double up to :data:`MAX_CHUNK`.
 
 The B-tree's long keys (see :mod:`kvlog.index.keys`) sort by their real keys only within a
@@ -25,12 +25,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
-
-import lmdb
+from typing import TYPE_CHECKING, Any
 
 from kvlog._native import load
-from kvlog.index.entry import decode_entry
 from kvlog.index.memtable import Entry, live_value
 from kvlog.index.runs import Buffer
 from kvlog.meta.env import CacheDamage
@@ -41,7 +38,8 @@ if TYPE_CHECKING:
 else:
     _runs = load("kvlog.index._runs", "kvlog.index._runs_py")
 
-__all__ = ["FIRST_CHUNK", "MAX_CHUNK", "Item", "ScanHooks", "merged_chunks"]
+__all__ = ["CLEARED", "END", "ERROR", "FIRST_CHUNK", "MAX_CHUNK", "OVERLAY", "REFILL", "RESUME", "TREE", "Item",
+           "overlay_chunks"]
 
 #: Entries of each source the first chunk of a scan reads.
 FIRST_CHUNK = 16
@@ -55,21 +53,8 @@ Item = bytes | tuple[int, int, int | None] | None
 #: where ``resume`` (not None: a long key met) is the bound the rest must be read from.
 _Fill = Callable[[int], tuple[list[tuple[bytes, Any]], int, bool, bytes | None]]
 _FIRST = itemgetter(0)
-# Why a walk stopped (see ScanWalk).
-_END, _TREE, _OVERLAY, _REFILL, _ERROR, _RESUME, _CLEARED = range(1, 8)
-
-
-class ScanHooks(NamedTuple):
-    """What :func:`merged_chunks` leaves to its caller, which holds the snapshot."""
-
-    #: A list of one pair whose value is in a data file, as the pair with its value read.
-    resolving: Callable[[list[tuple[bytes, Any]]], Iterator[tuple[bytes, bytes]]]
-    #: The pairs from a lower bound on (a long key met), read entry by entry.
-    rest: Callable[[bytes], Iterator[tuple[bytes, bytes]]]
-    #: The kvlog error to raise for an LMDB error or damage met.
-    failure: Callable[[Exception], Exception]
-    #: Called once the parts end or are abandoned (None: nothing to do).
-    release: Callable[[], None] | None
+#: Why a walk stopped (its ``state``, see ScanWalk).
+END, TREE, OVERLAY, REFILL, ERROR, RESUME, CLEARED = range(1, 8)
 
 
 def _run_damage() -> CacheDamage:
@@ -154,68 +139,14 @@ def _overlay_chunks(fills: list[_Fill]) -> Iterator[list[tuple[bytes, Any]]]:
             size *= 2
 
 
-def merged_chunks(
-    cur: lmdb.Cursor, runs: list[Buffer], views: Views, front: list[tuple[bytes, Entry]],
-    lower: bytes | None, upper: bytes | None, now_ms: int, hooks: ScanHooks,
-) -> Iterator[Iterator[tuple[bytes, bytes]]]:
-    """Forward scan of ``lower <= key < upper`` (each at most ``DIRECT_KEY_BYTES`` long) over
-    the memtable's writes ``front`` (sorted, within the range), the pending ``runs`` (newest
-    first, read inside ``views``) and the B-tree (``cur``), at ``now_ms``, in parts: a walk (an iterator of pairs in C,
-    see ``ScanWalk``), ``hooks.resolving`` of a list of one pair whose value is in a data file
-    (its item ``(partition, offset, expiry)``), and at the B-tree's first long key
-    ``hooks.rest`` of the bound from which the rest is read entry by entry. LMDB errors and
-    damage are raised as ``hooks.failure`` makes them; the cursor is closed and
-    ``hooks.release`` called when the parts end or are abandoned. A walk cleared (its scan
-    closed) ends it. One generator for the whole scan: a short scan's fixed cost."""
-    try:
-        fills: list[_Fill] = []
-        if front:
-            fills.append(_memtable_source(front, now_ms))
-        for run in runs:
-            fills.append(_run_source(run, views, lower, upper, now_ms))
-        overlay = _overlay_chunks(fills) if fills else None
-        found = cur.first() if lower is None else cur.set_range(lower)
-        # The reader's transaction makes bytes, never buffers.
-        source = cast(Iterator[tuple[bytes, bytes]], cur.iternext()) if found else None
-        chunk = None if overlay is None else next(overlay, None)
-        pairs, pairs_done = ([], True) if chunk is None else (chunk, False)
-        at = 0
-        held: tuple[bytes, bytes] | None = None
-        resume: bytes | None = None
-        while True:
-            walk = _runs.ScanWalk(source, pairs, at, pairs_done, upper, resume, now_ms, held)
-            yield walk
-            state = walk.state
-            if state == _END or state == _CLEARED:
-                return
-            if state == _RESUME:
-                assert walk.resume is not None
-                cur.close()
-                yield hooks.rest(walk.resume)
-                return
-            if state == _ERROR:
-                assert walk.error is not None
-                raise walk.error
-            source, at, held, upper, resume = walk.source, walk.at, walk.held, walk.upper, walk.resume
-            if state == _REFILL:
-                chunk = None if overlay is None else next(overlay, None)
-                pairs, pairs_done = ([], True) if chunk is None else (chunk, False)
-                at = 0
-            elif state == _TREE:
-                assert held is not None
-                key, entry = decode_entry(*held)  # raises for a damaged entry
-                held = None
-                yield hooks.resolving([(key, (entry.partition, entry.offset, entry.expires_ms))])
-            elif state == _OVERLAY:
-                assert walk.item is not None
-                yield hooks.resolving([walk.item])
-            else:
-                raise AssertionError(f"a scan walk stopped in state {state}")
-    except (lmdb.MapFullError, lmdb.MapResizedError):
-        raise
-    except (lmdb.Error, CacheDamage) as e:
-        raise hooks.failure(e) from (e if isinstance(e, lmdb.Error) else None)
-    finally:
-        cur.close()  # before the reader's transaction ends
-        if hooks.release is not None:
-            hooks.release()
+def overlay_chunks(front: list[tuple[bytes, Entry]], runs: list[Buffer], views: Views, lower: bytes | None,
+                   upper: bytes | None, now_ms: int) -> Iterator[list[tuple[bytes, Any]]] | None:
+    """The overlay of a forward scan of ``lower <= key < upper`` at ``now_ms``: the memtable's
+    writes ``front`` (sorted, within the range) over the pending ``runs`` (newest first, read
+    inside ``views``), a chunk at a time; None when there is neither (the B-tree alone)."""
+    if not runs:
+        return _overlay_chunks([_memtable_source(front, now_ms)]) if front else None
+    fills: list[_Fill] = [_memtable_source(front, now_ms)] if front else []
+    for run in runs:
+        fills.append(_run_source(run, views, lower, upper, now_ms))
+    return _overlay_chunks(fills)

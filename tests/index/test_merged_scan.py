@@ -150,6 +150,30 @@ def test_bounds_and_prefixes_match_the_model(filled: tuple[kvlog.Store, Model], 
         assert list(islice(store.scan(start, stop, prefix=prefix), n)) == expected[:n]
 
 
+def test_one_key_scans_from_every_start_match_the_model(filled: tuple[kvlog.Store, Model]) -> None:
+    store, model = filled
+    expected = model.live()
+    keys = [k for k, _ in expected]
+    for i in range(0, 3010, 7):
+        start = _key(i)
+        tail = [p for p in expected if p[0] >= start]
+        assert list(islice(store.scan(start=start), 1)) == tail[:1]
+        assert list(store.scan(start=start, stop=start + b"\x00")) == [p for p in tail[:1] if p[0] == start]
+    for at in (0, 1, 600, len(keys) - 2):
+        assert list(store.scan(start=keys[at], stop=keys[at + 1])) == [expected[at]]
+
+
+@pytest.mark.parametrize("n", BOUNDARIES)
+def test_scans_with_a_stop_at_every_chunk_boundary_match_the_model(filled: tuple[kvlog.Store, Model],
+                                                                  n: int) -> None:
+    store, model = filled
+    expected = model.live()
+    for start_at in (0, 17, 1199):
+        tail = [p for p in expected if p[0] >= _key(start_at)]
+        if n < len(tail):
+            assert list(store.scan(start=_key(start_at), stop=tail[n][0])) == tail[:n]
+
+
 def _readers(store: kvlog.Store) -> int:
     """The LMDB read transactions open on the store's cache."""
     table = store.log.index._env.env.readers()  # noqa: SLF001 - the reader slots the scans hold
@@ -182,6 +206,27 @@ def test_a_scan_of_a_closed_store_raises_at_its_next_step(tmp_path: Path) -> Non
     first = [next(scan) for _ in range(3)]
     assert first == model.live()[:3]
     store.close()
+    with pytest.raises(kvlog.StoreClosedError):
+        next(scan)
+
+
+def test_a_scan_never_started_releases_its_snapshot(filled: tuple[kvlog.Store, Model]) -> None:
+    store, _model = filled
+    before = _readers(store)
+    for _ in range(2 * store.log.index._env.env.max_readers()):  # noqa: SLF001
+        store.scan(start=_key(100))
+    gc.collect()
+    assert _readers(store) == before
+    assert list(islice(store.scan(start=_key(100)), 2)) == [p for p in _model.live() if p[0] >= _key(100)][:2]
+
+
+@pytest.mark.parametrize("taken", [0, 1, 40])
+def test_closing_the_store_mid_scan_raises_at_the_next_step(filled: tuple[kvlog.Store, Model], taken: int) -> None:
+    store, model = filled
+    scan = store.scan(start=_key(17))
+    first = [next(scan) for _ in range(taken)]
+    assert first == [p for p in model.live() if p[0] >= _key(17)][:taken]
+    store.close(flush=False)
     with pytest.raises(kvlog.StoreClosedError):
         next(scan)
 
