@@ -24,12 +24,15 @@ from kvlog.index.merged import (
     CLEARED,
     END,
     ERROR,
+    FIRST_CHUNK,
+    MAX_CHUNK,
     OVERLAY,
     REFILL,
     RESUME,
     TREE,
     Item,
-    overlay_chunks,
+    overlay,
+    overlay_chunk,
 )
 from kvlog.index.snapshot import IndexReader, end_reader, read_failure, scan_sources
 from kvlog.meta.env import CacheDamage
@@ -117,12 +120,13 @@ def _merged(
     cur: lmdb.Cursor | None = None
     try:
         cur, runs, views = scan_sources(reader)
-        overlay = overlay_chunks(front, runs, views, lower, upper, now_ms) if front or runs else None
+        merge = overlay(front, runs, lower, upper, now_ms)
+        gate = views if runs else None
+        size = FIRST_CHUNK
         found = cur.first() if lower is None else cur.set_range(lower)
         # The reader's transaction makes bytes, never buffers.
         source = cast(Iterator[tuple[bytes, bytes]], cur.iternext()) if found else None
-        chunk = None if overlay is None else next(overlay, None)
-        pairs, pairs_done = ([], True) if chunk is None else (chunk, False)
+        pairs, pairs_done = ([], True) if merge is None else overlay_chunk(merge, gate, size)
         at = 0
         held: tuple[bytes, bytes] | None = None
         resume: bytes | None = None
@@ -145,8 +149,9 @@ def _merged(
                 raise walk.error
             source, at, held, upper, resume = walk.source, walk.at, walk.held, walk.upper, walk.resume
             if state == REFILL:
-                chunk = None if overlay is None else next(overlay, None)
-                pairs, pairs_done = ([], True) if chunk is None else (chunk, False)
+                assert merge is not None
+                size = min(2 * size, MAX_CHUNK)
+                pairs, pairs_done = overlay_chunk(merge, gate, size)
                 at = 0
             elif state == TREE:
                 assert held is not None
@@ -155,7 +160,13 @@ def _merged(
                 yield _resolving(reader, [(key, (entry.partition, entry.offset, entry.expires_ms))], resolve)
             elif state == OVERLAY:
                 assert walk.item is not None
-                yield _resolving(reader, [walk.item], resolve)
+                key, item = walk.item
+                if type(item) is tuple:
+                    yield _resolving(reader, [walk.item], resolve)
+                else:  # a memtable's deletion or write with a time to live
+                    value = live_value(item, now_ms)
+                    if value is not None:
+                        yield iter(((key, value),))
             else:
                 raise AssertionError(f"a scan walk stopped in state {state}")
     except (lmdb.MapFullError, lmdb.MapResizedError):
