@@ -22,7 +22,7 @@ MODULES = {
     "columns": ("kvlog.format._columns", "kvlog.format._columns_py", ["kvlog.format.columns._columns"]),
     "runs": ("kvlog.index._runs", "kvlog.index._runs_py",
              ["kvlog.index.runs._runs", "kvlog.index.entry._runs", "kvlog.index.merged._runs",
-              "kvlog.index.reads._runs"]),
+              "kvlog.index.scan._runs", "kvlog.index.reads._runs"]),
     "merge": ("kvlog.index._merge", "kvlog.index._merge_py", ["kvlog.index.merge._merge"]),
     "cache_check": ("kvlog.index._cache_check", "kvlog.index._cache_check_py", ["kvlog.index.entry._cache_check"]),
     "writebuffer": ("kvlog.log._writebuffer", "kvlog.log._writebuffer_py", []),

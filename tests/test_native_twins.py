@@ -201,6 +201,72 @@ def test_runs_are_equal(keys: list[bytes], seed: int, probe: bytes, lower: bytes
         same(lambda m, r=candidate: m.runs.entries(r, lower, upper, limit, reverse))
 
 
+def _merge_all(m: Any, front: list[tuple[bytes, Any]], runs: list[bytes], lower: bytes | None,
+               upper: bytes | None, now_ms: int, sizes: list[int]) -> list[Any]:
+    """Every chunk of a RunMerge of ``runs`` under ``front``, of the sizes given (then of 7),
+    and its done flag, until it is done."""
+    merge = m.runs.RunMerge(front, runs, lower, upper, now_ms)
+    out: list[Any] = []
+    for size in sizes + [7] * 200:
+        chunk, done = merge.chunk(size)
+        assert len(chunk) <= size and (done or len(chunk) == size)
+        out.append((chunk, done))
+        if done:
+            return out
+    raise AssertionError("a merge that never ends")
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.lists(st.binary(min_size=1, max_size=3), max_size=25, unique=True).map(sorted),
+                          st.integers(0, 1000)), max_size=5),
+       st.lists(st.binary(min_size=1, max_size=3), max_size=12, unique=True).map(sorted),
+       st.none() | st.binary(max_size=3), st.none() | st.binary(max_size=3), st.integers(-5, 30_000),
+       st.lists(st.integers(1, 9), max_size=4), st.integers(-1, 4), st.integers(0, 4000), st.binary(max_size=3))
+def test_run_merges_are_equal_and_match_the_newest_entries(
+        specs: list[tuple[list[bytes], int]], front_keys: list[bytes], lower: bytes | None, upper: bytes | None,
+        now_ms: int, sizes: list[int], damage: int, flip: int, patch: bytes) -> None:
+    runs = [same(lambda m, k=keys, s=seed: m.runs.build(*_run_inputs(k, s))) for keys, seed in specs]
+    front: list[tuple[bytes, Any]] = [(k, b"front" + k if i % 3 else "entry") for i, k in enumerate(front_keys)]
+    merged = same(lambda m: _merge_all(m, front, runs, lower, upper, now_ms, sizes))
+    newest: dict[bytes, Any] = {}
+    for run in reversed(runs):  # oldest first: the newer runs' entries win
+        items, _to_resolve, _stopped = C.runs.scan_items(C.runs.entries(run, lower, upper, -1, False), now_ms, True)
+        newest.update(items)
+    newest.update(front)
+    assert [pair for chunk, _done in merged for pair in chunk] == sorted(newest.items())
+    if 0 <= damage < len(runs) and runs[damage]:
+        damaged = bytearray(runs[damage])
+        at = flip % len(damaged)
+        damaged[at:at + len(patch)] = patch
+        spoiled = [bytes(damaged) if i == damage else run for i, run in enumerate(runs)]
+        same(lambda m: _merge_all(m, front, spoiled, lower, upper, now_ms, sizes))
+
+
+def test_run_merges_refuse_what_they_cannot_read() -> None:
+    run = C.runs.build(*_run_inputs([b"a", b"b"], 2))
+    same(lambda m: m.runs.RunMerge([], [run], "a", None, 0))
+    same(lambda m: m.runs.RunMerge((), [run], None, None, 0))
+    same(lambda m: m.runs.RunMerge([], [run], None, None, 0).chunk(0))
+    same(lambda m: m.runs.RunMerge([], [run, 5], None, None, 0).chunk(4))
+    same(lambda m: m.runs.RunMerge([(b"a", b"x"), ("b", b"y")], [run], None, None, 0).chunk(4))
+    same(lambda m: m.runs.RunMerge([], [run[:-1]], None, None, 0).chunk(4))
+    # Entries each sound, in the wrong order: the merge finds it as it steps from one to the next.
+    pairs = C.runs.entries(C.runs.build(*_run_inputs([b"a", b"b", b"c"], 2)), None, None, -1, False)
+    backwards = _raw_run([pairs[0], pairs[2], pairs[1]])
+    for sizes in ([1, 1, 1], [3]):
+        for m in (C, PY):
+            with pytest.raises(ValueError):
+                _merge_all(m, [], [backwards], None, None, 0, sizes)
+
+
+def _raw_run(pairs: list[tuple[bytes, bytes]]) -> bytes:
+    """A run of ``pairs`` in the order given (the layout of kvlog.index.runs, unchecked)."""
+    keys = np.cumsum([len(k) for k, _v in pairs]).astype("<u4").tobytes()
+    values = np.cumsum([len(v) for _k, v in pairs]).astype("<u4").tobytes()
+    return (np.array([0x3252564B, len(pairs)], dtype="<u4").tobytes() + keys + values
+            + b"".join(k for k, _v in pairs) + b"".join(v for _k, v in pairs))
+
+
 @SETTINGS
 @given(st.binary(min_size=1, max_size=20), st.integers(0, 65535), st.integers(0, 2**63), st.none() | st.binary(max_size=20),
        st.integers(0, 60), st.binary(max_size=2), st.none() | st.integers(-(2**63) + 1, 2**63 - 1))

@@ -521,6 +521,7 @@ static PyObject *crc32c(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(crc);
 }
 
+#include "_run_merge.h" /* RunMerge: a scan's overlay */
 #include "_runs_get.h"
 #include "_runs_store_get.h"
 
@@ -552,11 +553,12 @@ PyMODINIT_FUNC PyInit__runs(void) {
         return NULL;
     }
     crc32c_init();
-    if (PyType_Ready(&ScanWalkType) < 0) {
+    if (PyType_Ready(&ScanWalkType) < 0 || PyType_Ready(&RunMergeType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && (PyModule_AddObjectRef(m, "ScanWalk", (PyObject *)&ScanWalkType) < 0
+                      || PyModule_AddObjectRef(m, "RunMerge", (PyObject *)&RunMergeType) < 0
                       || runs_get_init(m) < 0 || runs_store_get_init(m) < 0)) {
         Py_CLEAR(m);
     }

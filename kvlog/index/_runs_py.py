@@ -30,10 +30,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kvlog.index._run_merge_py import RunMerge
 from kvlog.index._store_get_py import StoreGet
 
 __all__ = ["build", "crc32c", "decode", "entries", "find", "find_first", "inline", "lmdb_txnid",
-           "scan_items", "Getter", "ScanWalk", "StoreGet"]
+           "scan_items", "Getter", "RunMerge", "ScanWalk", "StoreGet"]
 
 #: Any object with the buffer protocol: bytes, memoryview, a numpy array, an Arrow buffer.
 Buffer = Any

@@ -4,16 +4,20 @@ merged with no Python frame per entry.
 The B-tree is walked by ``ScanWalk`` (in ``_runs``, C or its Python twin): an iterator that
 pulls the cursor's entries one at a time as the caller asks, checks each, and hands out
 ``(key, inline value)``, merging in the *overlay*: the memtable's writes and the runs' entries,
-read a chunk at a time and merged by whole chunks (the keys up to the smallest last key among
-the sources not exhausted are known in every source). A scan that stops after ``n`` entries
-reads about ``n`` B-tree entries. An overlay entry is ``(key, item)``: the value (bytes), None
-for a key hidden there (a deletion, a tombstone, a write or entry expired at the scan's time),
-which hides the B-tree's entry, or ``(partition, offset, expiry)`` for a value in a data file.
+merged by ``RunMerge`` (in ``_runs`` too) a chunk of keys at a time. Its first chunk finds each
+run's first key in the range by binary search; each chunk then merges the sources key by key,
+the newest source winning a key, so every chunk's keys are final and a scan that stops after
+``n`` entries reads about ``n`` entries of the B-tree and of the overlay, whatever the number of
+runs. An overlay entry is ``(key, item)``: the value (bytes), None for a key hidden there (a
+run's deletion, an entry expired at the scan's time), which hides the B-tree's entry, ``(partition,
+offset, expiry)`` for a value in a data file, or a memtable entry as it stands (a deletion or a
+write with a time to live, see :func:`kvlog.index.memtable.live_value`).
 
 A walk stops at what it does not hand out itself (an entry whose value is in a data file, a
-damaged entry, the overlay's chunk consumed, the end); this module's generator then does that
-part in Python and starts the next walk. Overlay chunks start at :data:`FIRST_CHUNK` entries and
-double up to :data:`MAX_CHUNK`.
+damaged entry, an overlay item that is not a value, the overlay's chunk consumed, the end); the
+scan's generator (:mod:`kvlog.index.scan`) then does that part in Python and starts the next
+walk. Overlay chunks start at :data:`FIRST_CHUNK` keys and double up to :data:`MAX_CHUNK`; each
+reads the runs inside one entry of the map's gate.
 
 The B-tree's long keys (see :mod:`kvlog.index.keys`) sort by their real keys only within a
 group: at the first one, this path stops and returns the bound from which the caller reads the
@@ -22,16 +26,10 @@ rest entry by entry.
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Callable, Iterator
-from operator import itemgetter
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
-
-import lmdb
+from typing import TYPE_CHECKING, Any
 
 from kvlog._native import load
-from kvlog.index.entry import decode_entry
-from kvlog.index.memtable import Entry, live_value
+from kvlog.index.memtable import Entry
 from kvlog.index.runs import Buffer
 from kvlog.meta.env import CacheDamage
 from kvlog.meta.map_gate import Views
@@ -41,9 +39,10 @@ if TYPE_CHECKING:
 else:
     _runs = load("kvlog.index._runs", "kvlog.index._runs_py")
 
-__all__ = ["FIRST_CHUNK", "MAX_CHUNK", "Item", "ScanHooks", "merged_chunks"]
+__all__ = ["CLEARED", "END", "ERROR", "FIRST_CHUNK", "MAX_CHUNK", "OVERLAY", "REFILL", "RESUME", "TREE", "Item",
+           "overlay", "overlay_chunk"]
 
-#: Entries of each source the first chunk of a scan reads.
+#: Keys the first chunk of a scan's overlay holds.
 FIRST_CHUNK = 16
 #: The largest chunk: each next chunk doubles, up to this.
 MAX_CHUNK = 512
@@ -51,171 +50,34 @@ MAX_CHUNK = 512
 #: What a scan's entry holds: the value, None (hidden), or (partition, offset, expiry or None)
 #: of a value in a data file.
 Item = bytes | tuple[int, int, int | None] | None
-#: A source's next chunk of at most the size asked: ``(items, in data files, exhausted, resume)``
-#: where ``resume`` (not None: a long key met) is the bound the rest must be read from.
-_Fill = Callable[[int], tuple[list[tuple[bytes, Any]], int, bool, bytes | None]]
-_FIRST = itemgetter(0)
-# Why a walk stopped (see ScanWalk).
-_END, _TREE, _OVERLAY, _REFILL, _ERROR, _RESUME, _CLEARED = range(1, 8)
-
-
-class ScanHooks(NamedTuple):
-    """What :func:`merged_chunks` leaves to its caller, which holds the snapshot."""
-
-    #: A list of one pair whose value is in a data file, as the pair with its value read.
-    resolving: Callable[[list[tuple[bytes, Any]]], Iterator[tuple[bytes, bytes]]]
-    #: The pairs from a lower bound on (a long key met), read entry by entry.
-    rest: Callable[[bytes], Iterator[tuple[bytes, bytes]]]
-    #: The kvlog error to raise for an LMDB error or damage met.
-    failure: Callable[[Exception], Exception]
-    #: Called once the parts end or are abandoned (None: nothing to do).
-    release: Callable[[], None] | None
+#: Why a walk stopped (its ``state``, see ScanWalk).
+END, TREE, OVERLAY, REFILL, ERROR, RESUME, CLEARED = range(1, 8)
 
 
 def _run_damage() -> CacheDamage:
     return CacheDamage("an index run is damaged", index_only=True)
 
 
-def _memtable_source(front: list[tuple[bytes, Entry]], now_ms: int) -> _Fill:
-    at = 0
-
-    def fill(size: int) -> tuple[list[tuple[bytes, Any]], int, bool, bytes | None]:
-        nonlocal at
-        part = front[at:at + size]
-        at += size
-        items = [(k, v if type(v) is bytes else live_value(v, now_ms)) for k, v in part]
-        return items, 0, at >= len(front), None
-
-    return fill
+def overlay(front: list[tuple[bytes, Entry]], runs: list[Buffer], lower: bytes | None, upper: bytes | None,
+            now_ms: int) -> _runs.RunMerge | None:
+    """The overlay of a forward scan of ``lower <= key < upper`` at ``now_ms``: the memtable's
+    writes ``front`` (sorted, within the range) over the pending ``runs`` (newest first); None
+    when there is neither (the B-tree alone). Read a chunk at a time by :func:`overlay_chunk`."""
+    if not front and not runs:
+        return None
+    return _runs.RunMerge(front, runs, lower, upper, now_ms)
 
 
-def _run_source(run: Buffer, views: Views, lower: bytes | None, upper: bytes | None,
-                now_ms: int) -> _Fill:
-    low = lower
-
-    def fill(size: int) -> tuple[list[tuple[bytes, Any]], int, bool, bytes | None]:
-        nonlocal low
-        try:
-            with views:  # the run is a view of the map (see kvlog.meta.map_gate)
-                raw = _runs.entries(run, low, upper, size, False)
-            items, to_resolve, stopped = _runs.scan_items(raw, now_ms, True)
-        except ValueError:
-            raise _run_damage() from None
-        if stopped != len(raw):
-            raise _run_damage()  # runs hold short keys only
-        done = len(raw) < size
-        if not done:
-            low = raw[-1][0] + b"\x00"
-        return items, to_resolve, done, None
-
-    return fill
-
-
-def _overlay_chunks(fills: list[_Fill]) -> Iterator[list[tuple[bytes, Any]]]:
-    """The sources of ``fills`` (newest first) merged a chunk at a time, hidden keys kept as
-    None (they hide the B-tree's entries); chunks grow from :data:`FIRST_CHUNK`."""
-    count = len(fills)
-    bufs: list[list[tuple[bytes, Any]]] = [[] for _ in fills]
-    done = [False] * count
-    size = FIRST_CHUNK
-    while True:
-        for i in range(count):
-            while not bufs[i] and not done[i]:
-                bufs[i], _to_resolve, done[i], _stop = fills[i](size)
-        frontier: bytes | None = None
-        for i in range(count):
-            if not done[i]:
-                last = bufs[i][-1][0]
-                if frontier is None or last < frontier:
-                    frontier = last
-        parts: list[list[tuple[bytes, Any]]] = []
-        for i in range(count):
-            buf = bufs[i]
-            if not buf:
-                continue
-            if frontier is None or buf[-1][0] <= frontier:
-                parts.append(buf)
-                bufs[i] = []
-            else:
-                cut = bisect_right(buf, frontier, key=_FIRST)
-                if cut:
-                    parts.append(buf[:cut])
-                    bufs[i] = buf[cut:]
-        if not parts:
-            return  # every source exhausted
-        if len(parts) == 1:
-            yield parts[0]
-        else:
-            newest: dict[bytes, Any] = {}
-            for part in reversed(parts):  # the newer sources last: their entries win
-                newest.update(part)
-            yield sorted(newest.items())
-        if size < MAX_CHUNK:
-            size *= 2
-
-
-def merged_chunks(
-    cur: lmdb.Cursor, runs: list[Buffer], views: Views, front: list[tuple[bytes, Entry]],
-    lower: bytes | None, upper: bytes | None, now_ms: int, hooks: ScanHooks,
-) -> Iterator[Iterator[tuple[bytes, bytes]]]:
-    """Forward scan of ``lower <= key < upper`` (each at most ``DIRECT_KEY_BYTES`` long) over
-    the memtable's writes ``front`` (sorted, within the range), the pending ``runs`` (newest
-    first, read inside ``views``) and the B-tree (``cur``), at ``now_ms``, in parts: a walk (an iterator of pairs in C,
-    see ``ScanWalk``), ``hooks.resolving`` of a list of one pair whose value is in a data file
-    (its item ``(partition, offset, expiry)``), and at the B-tree's first long key
-    ``hooks.rest`` of the bound from which the rest is read entry by entry. LMDB errors and
-    damage are raised as ``hooks.failure`` makes them; the cursor is closed and
-    ``hooks.release`` called when the parts end or are abandoned. A walk cleared (its scan
-    closed) ends it. One generator for the whole scan: a short scan's fixed cost."""
+def overlay_chunk(merge: _runs.RunMerge, views: Views | None,
+                  size: int) -> tuple[list[tuple[bytes, Any]], bool]:
+    """The overlay's next ``size`` keys (fewer at its end) and whether it is done, its runs
+    read inside ``views`` (one entry of the map's gate, see :mod:`kvlog.meta.map_gate`; None: no
+    runs). A memtable entry is its item as it stands (bytes, or an entry for
+    :func:`~kvlog.index.memtable.live_value`); damage in a run raises ``CacheDamage``."""
     try:
-        fills: list[_Fill] = []
-        if front:
-            fills.append(_memtable_source(front, now_ms))
-        for run in runs:
-            fills.append(_run_source(run, views, lower, upper, now_ms))
-        overlay = _overlay_chunks(fills) if fills else None
-        found = cur.first() if lower is None else cur.set_range(lower)
-        # The reader's transaction makes bytes, never buffers.
-        source = cast(Iterator[tuple[bytes, bytes]], cur.iternext()) if found else None
-        chunk = None if overlay is None else next(overlay, None)
-        pairs, pairs_done = ([], True) if chunk is None else (chunk, False)
-        at = 0
-        held: tuple[bytes, bytes] | None = None
-        resume: bytes | None = None
-        while True:
-            walk = _runs.ScanWalk(source, pairs, at, pairs_done, upper, resume, now_ms, held)
-            yield walk
-            state = walk.state
-            if state == _END or state == _CLEARED:
-                return
-            if state == _RESUME:
-                assert walk.resume is not None
-                cur.close()
-                yield hooks.rest(walk.resume)
-                return
-            if state == _ERROR:
-                assert walk.error is not None
-                raise walk.error
-            source, at, held, upper, resume = walk.source, walk.at, walk.held, walk.upper, walk.resume
-            if state == _REFILL:
-                chunk = None if overlay is None else next(overlay, None)
-                pairs, pairs_done = ([], True) if chunk is None else (chunk, False)
-                at = 0
-            elif state == _TREE:
-                assert held is not None
-                key, entry = decode_entry(*held)  # raises for a damaged entry
-                held = None
-                yield hooks.resolving([(key, (entry.partition, entry.offset, entry.expires_ms))])
-            elif state == _OVERLAY:
-                assert walk.item is not None
-                yield hooks.resolving([walk.item])
-            else:
-                raise AssertionError(f"a scan walk stopped in state {state}")
-    except (lmdb.MapFullError, lmdb.MapResizedError):
-        raise
-    except (lmdb.Error, CacheDamage) as e:
-        raise hooks.failure(e) from (e if isinstance(e, lmdb.Error) else None)
-    finally:
-        cur.close()  # before the reader's transaction ends
-        if hooks.release is not None:
-            hooks.release()
+        if views is None:
+            return merge.chunk(size)
+        with views:
+            return merge.chunk(size)
+    except ValueError:
+        raise _run_damage() from None

@@ -12,16 +12,35 @@ merge entry by entry.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import lmdb
 
-from kvlog.index.entry import IndexEntry, RecordExpired
+from kvlog._native import load
+from kvlog.index.entry import IndexEntry, RecordExpired, decode_entry
 from kvlog.index.keys import DIRECT_KEY_BYTES, scan_bounds
 from kvlog.index.memtable import Entry, live_value
-from kvlog.index.merged import Item, ScanHooks
-from kvlog.index.snapshot import IndexReader, read_failure
+from kvlog.index.merged import (
+    CLEARED,
+    END,
+    ERROR,
+    FIRST_CHUNK,
+    MAX_CHUNK,
+    OVERLAY,
+    REFILL,
+    RESUME,
+    TREE,
+    Item,
+    overlay,
+    overlay_chunk,
+)
+from kvlog.index.snapshot import IndexReader, end_reader, read_failure, scan_sources
 from kvlog.meta.env import CacheDamage
+
+if TYPE_CHECKING:
+    from kvlog.index import _runs
+else:
+    _runs = load("kvlog.index._runs", "kvlog.index._runs_py")
 
 __all__ = ["Resolve", "merge_sorted", "scan_pairs"]
 
@@ -76,31 +95,89 @@ def scan_pairs(
     """The ``(key, value)`` pairs of a scan as parts to chain (lists of pairs read in bulk, or
     iterators), hiding the records expired at ``now_ms`` (the reader's own time); ``reader`` is
     closed when the parts end or are abandoned, unless ``close`` is False (a read view's reader,
-    which outlives its scans)."""
+    which outlives its scans). Nothing is read before the first part is asked for."""
     if not reverse:
-        lo, hi = scan_bounds(lower, upper, prefix)
+        lo, hi = (lower, upper) if prefix is None else scan_bounds(lower, upper, prefix)
         if (lo is None or len(lo) <= DIRECT_KEY_BYTES) and (hi is None or len(hi) <= DIRECT_KEY_BYTES):
             if lo is not None and hi is not None and lo >= hi:
                 if close:
-                    reader.close()
+                    end_reader(reader)
                 return iter(())
-
-            def rest(resume: bytes) -> Iterator[tuple[bytes, bytes]]:
-                # A long key in the B-tree: the rest entry by entry, from where the walks stopped.
-                ahead = [p for p in front if p[0] >= resume]
-                return _values(reader, merge_sorted(reader.index_scan(resume, upper, prefix, False), ahead,
-                                                    reverse=False, now_ms=now_ms), resolve)
-
-            hooks = ScanHooks(lambda chunk: _resolving(reader, chunk, resolve), rest,
-                              lambda error: read_failure(reader, cast(lmdb.Error | CacheDamage, error)),
-                              reader.close if close else None)
-            try:
-                return reader.index_merged_chunks(front, lo, hi, now_ms, hooks)
-            except BaseException:
-                if close:
-                    reader.close()
-                raise
+            return _merged(reader, front, lo, hi, upper, prefix, resolve, now_ms, close)
     return _entry_by_entry(reader, front, lower, upper, prefix, reverse, resolve, now_ms, close)
+
+
+def _merged(
+    reader: IndexReader, front: list[tuple[bytes, Entry]], lower: bytes | None, upper: bytes | None,
+    stop: bytes | None, prefix: bytes | None, resolve: Resolve, now_ms: int, close: bool,
+) -> Iterator[Iterator[tuple[bytes, bytes]]]:
+    """A forward scan of ``lower <= key < upper`` (short bounds; ``stop`` and ``prefix`` as
+    asked) in parts: walks of the B-tree merged with the overlay (see :mod:`kvlog.index.merged`;
+    iterators of pairs in C), a value in a data file read in Python where a walk stops at one,
+    and at the B-tree's first long key the rest entry by entry. One generator for the whole
+    scan, a short scan's fixed cost; LMDB errors and damage are raised as kvlog errors, the
+    cursor closed and the reader ended (``close``) when the parts end or are abandoned."""
+    cur: lmdb.Cursor | None = None
+    try:
+        cur, runs, views = scan_sources(reader)
+        merge = overlay(front, runs, lower, upper, now_ms)
+        gate = views if runs else None
+        size = FIRST_CHUNK
+        found = cur.first() if lower is None else cur.set_range(lower)
+        # The reader's transaction makes bytes, never buffers.
+        source = cast(Iterator[tuple[bytes, bytes]], cur.iternext()) if found else None
+        pairs, pairs_done = ([], True) if merge is None else overlay_chunk(merge, gate, size)
+        at = 0
+        held: tuple[bytes, bytes] | None = None
+        resume: bytes | None = None
+        while True:
+            walk = _runs.ScanWalk(source, pairs, at, pairs_done, upper, resume, now_ms, held)
+            yield walk
+            state = walk.state
+            if state == END or state == CLEARED:
+                return
+            if state == RESUME:
+                # A long key in the B-tree: the rest entry by entry, from where the walks stopped.
+                assert walk.resume is not None
+                cur.close()
+                ahead = [p for p in front if p[0] >= walk.resume]
+                yield _values(reader, merge_sorted(reader.index_scan(walk.resume, stop, prefix, False), ahead,
+                                                   reverse=False, now_ms=now_ms), resolve)
+                return
+            if state == ERROR:
+                assert walk.error is not None
+                raise walk.error
+            source, at, held, upper, resume = walk.source, walk.at, walk.held, walk.upper, walk.resume
+            if state == REFILL:
+                assert merge is not None
+                size = min(2 * size, MAX_CHUNK)
+                pairs, pairs_done = overlay_chunk(merge, gate, size)
+                at = 0
+            elif state == TREE:
+                assert held is not None
+                key, entry = decode_entry(*held)  # raises for a damaged entry
+                held = None
+                yield _resolving(reader, [(key, (entry.partition, entry.offset, entry.expires_ms))], resolve)
+            elif state == OVERLAY:
+                assert walk.item is not None
+                key, item = walk.item
+                if type(item) is tuple:
+                    yield _resolving(reader, [walk.item], resolve)
+                else:  # a memtable's deletion or write with a time to live
+                    value = live_value(item, now_ms)
+                    if value is not None:
+                        yield iter(((key, value),))
+            else:
+                raise AssertionError(f"a scan walk stopped in state {state}")
+    except (lmdb.MapFullError, lmdb.MapResizedError):
+        raise
+    except (lmdb.Error, CacheDamage) as e:
+        raise read_failure(reader, e) from (e if isinstance(e, lmdb.Error) else None)
+    finally:
+        if cur is not None:
+            cur.close()  # before the reader's transaction ends
+        if close:
+            end_reader(reader)
 
 
 def _entry_by_entry(
@@ -114,7 +191,7 @@ def _entry_by_entry(
                                            reverse=reverse, now_ms=now_ms), resolve)
     finally:
         if close:
-            reader.close()
+            end_reader(reader)
 
 
 def _resolving(reader: IndexReader, chunk: Iterable[tuple[bytes, Item]],

@@ -16,8 +16,6 @@ import lmdb
 from kvlog.index.entry import IndexEntry, decode_entry, entry_damage, index_inline
 from kvlog.index.expiries import expired_entries
 from kvlog.index.keys import DIRECT_KEY_BYTES, encode_index_key, scan_bounds
-from kvlog.index.memtable import Entry
-from kvlog.index.merged import ScanHooks, merged_chunks
 from kvlog.index.pending import find_in_runs_checked, guarded, merge_runs, runs_newest_first
 from kvlog.index.runs import Buffer
 from kvlog.index.tree import overlay, walk_forward, walk_reverse
@@ -25,7 +23,7 @@ from kvlog.meta.cache import MetaReader, guard_methods
 from kvlog.meta.env import CacheDamage, LmdbEnv
 from kvlog.meta.map_gate import Views
 
-__all__ = ["IndexReader", "read_failure", "runs_pending"]
+__all__ = ["IndexReader", "end_reader", "read_failure", "runs_pending", "scan_sources"]
 
 
 def read_failure(reader: MetaReader, error: lmdb.Error | CacheDamage) -> Exception:
@@ -34,6 +32,27 @@ def read_failure(reader: MetaReader, error: lmdb.Error | CacheDamage) -> Excepti
     if isinstance(error, CacheDamage):
         return reader.env.damaged(str(error), index_only=error.index_only)
     return reader.env.failure(error)
+
+
+def scan_sources(reader: IndexReader) -> tuple[lmdb.Cursor, list[Buffer], Views]:
+    """What a forward scan of ``reader``'s snapshot reads: a cursor of its B-tree, its pending
+    runs (newest first) and the context they are read in. LMDB errors and damage are raised as
+    they are: the scan's generator turns them into kvlog errors (:func:`read_failure`)."""
+    runs = reader._run_cache  # noqa: SLF001 - the common case without a method's guard
+    if runs is None:
+        runs = reader._runs()  # noqa: SLF001
+    return reader.txn.cursor(db=reader._db["index"]), runs, reader._views  # noqa: SLF001
+
+
+def end_reader(reader: IndexReader) -> None:
+    """End ``reader``'s snapshot (:meth:`IndexReader.close`, called where a scan ends)."""
+    reader.txn.abort()
+    views = reader._run_views  # noqa: SLF001
+    if views is not None:
+        reader._run_views = None  # noqa: SLF001
+        views.abort()
+    reader._run_cache = None  # noqa: SLF001
+    reader._run_held = None  # noqa: SLF001
 
 
 def runs_pending(reader: MetaReader) -> int:
@@ -65,12 +84,7 @@ class IndexReader(MetaReader):
 
     def close(self) -> None:
         """End this snapshot (its transaction and the one its index runs are read through)."""
-        self.txn.abort()
-        if self._run_views is not None:
-            self._run_views.abort()
-            self._run_views = None
-        self._run_cache = None
-        self._run_held = None
+        end_reader(self)
 
     def index_get(self, key: bytes) -> IndexEntry | None:
         """``key``'s entry: the newest pending run's, else the B-tree's (None: no entry, or its
@@ -234,15 +248,3 @@ class IndexReader(MetaReader):
                 if now_ms is not None and entry.expires_ms is not None and now_ms >= entry.expires_ms:
                     continue
                 yield key, entry
-
-    def index_merged_chunks(
-        self, front: list[tuple[bytes, Entry]], lower: bytes | None, upper: bytes | None, now_ms: int,
-        hooks: ScanHooks,
-    ) -> Iterator[Iterator[tuple[bytes, bytes]]]:
-        """A forward scan of ``lower <= key < upper`` (short bounds, from
-        :func:`~kvlog.index.keys.scan_bounds`) with the memtable's writes ``front`` (sorted, in
-        the range) over this snapshot's index, in parts (see
-        :func:`kvlog.index.merged.merged_chunks`, which closes its cursor when they end)."""
-        cur = self.txn.cursor(db=self._db["index"])
-        runs = self._runs()
-        return merged_chunks(cur, runs, self._views, front, lower, upper, now_ms, hooks)

@@ -83,7 +83,8 @@ def test_a_crafted_run_whose_key_ends_go_backwards_raises(native: Native) -> Non
     assert len(crafted) == 25
     for call in (lambda: run_find(crafted, b"k"), lambda: runs_find([crafted], b"a"),
                  lambda: run_entries(crafted), lambda: list(walk_run(crafted, None, None)),
-                 lambda: run_entries(crafted, b"a", b"z", 5, True)):
+                 lambda: run_entries(crafted, b"a", b"z", 5, True), lambda: _merged(native, [crafted], None, None),
+                 lambda: _merged(native, [_run([b"a"], 1), crafted], b"a", b"z")):
         with pytest.raises(ValueError):
             call()
     old_magic = struct.pack("<IIII", 0x3152564B, 1, 1, 0) + b"k"
@@ -124,13 +125,31 @@ def test_damaged_runs_raise_or_hand_out_checked_entries(native: Native, keys: li
         assert run_length(run) >= 0
     except ValueError:
         pass
+    try:
+        merged = _merged(native, [run, _run(keys[::2], seed + 1), memoryview(run)], lower, upper)
+    except ValueError:
+        merged = []
+    order = [key for key, _item in merged]
+    assert order == sorted(set(order))
+
+
+def _merged(native: Native, runs: list[object], lower: bytes | None, upper: bytes | None) -> list[tuple[bytes, object]]:
+    """Every key of a scan's overlay of ``runs`` (``_runs.RunMerge``), read 3 keys at a time."""
+    merge = native.runs.RunMerge([], runs, lower, upper, 0)
+    out: list[tuple[bytes, object]] = []
+    done = False
+    while not done:
+        chunk, done = merge.chunk(3)
+        out.extend(chunk)
+    return out
 
 
 @FAST
 @given(st.binary(max_size=64), st.binary(max_size=8), st.one_of(st.none(), st.binary(max_size=4)))
 def test_random_bytes_are_not_runs(native: Native, run: bytes, key: bytes, bound: bytes | None) -> None:
     for call in (lambda: run_find(run, key), lambda: runs_find([run], key), lambda: run_entries(run, bound, None),
-                 lambda: run_entries(run, None, bound, 3, True), lambda: run_length(run)):
+                 lambda: run_entries(run, None, bound, 3, True), lambda: run_length(run),
+                 lambda: _merged(native, [run, run], bound, None)):
         try:
             call()
         except ValueError:

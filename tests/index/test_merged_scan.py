@@ -150,6 +150,30 @@ def test_bounds_and_prefixes_match_the_model(filled: tuple[kvlog.Store, Model], 
         assert list(islice(store.scan(start, stop, prefix=prefix), n)) == expected[:n]
 
 
+def test_one_key_scans_from_every_start_match_the_model(filled: tuple[kvlog.Store, Model]) -> None:
+    store, model = filled
+    expected = model.live()
+    keys = [k for k, _ in expected]
+    for i in range(0, 3010, 7):
+        start = _key(i)
+        tail = [p for p in expected if p[0] >= start]
+        assert list(islice(store.scan(start=start), 1)) == tail[:1]
+        assert list(store.scan(start=start, stop=start + b"\x00")) == [p for p in tail[:1] if p[0] == start]
+    for at in (0, 1, 600, len(keys) - 2):
+        assert list(store.scan(start=keys[at], stop=keys[at + 1])) == [expected[at]]
+
+
+@pytest.mark.parametrize("n", BOUNDARIES)
+def test_scans_with_a_stop_at_every_chunk_boundary_match_the_model(filled: tuple[kvlog.Store, Model],
+                                                                  n: int) -> None:
+    store, model = filled
+    expected = model.live()
+    for start_at in (0, 17, 1199):
+        tail = [p for p in expected if p[0] >= _key(start_at)]
+        if n < len(tail):
+            assert list(store.scan(start=_key(start_at), stop=tail[n][0])) == tail[:n]
+
+
 def _readers(store: kvlog.Store) -> int:
     """The LMDB read transactions open on the store's cache."""
     table = store.log.index._env.env.readers()  # noqa: SLF001 - the reader slots the scans hold
@@ -182,6 +206,27 @@ def test_a_scan_of_a_closed_store_raises_at_its_next_step(tmp_path: Path) -> Non
     first = [next(scan) for _ in range(3)]
     assert first == model.live()[:3]
     store.close()
+    with pytest.raises(kvlog.StoreClosedError):
+        next(scan)
+
+
+def test_a_scan_never_started_releases_its_snapshot(filled: tuple[kvlog.Store, Model]) -> None:
+    store, _model = filled
+    before = _readers(store)
+    for _ in range(2 * store.log.index._env.env.max_readers()):  # noqa: SLF001
+        store.scan(start=_key(100))
+    gc.collect()
+    assert _readers(store) == before
+    assert list(islice(store.scan(start=_key(100)), 2)) == [p for p in _model.live() if p[0] >= _key(100)][:2]
+
+
+@pytest.mark.parametrize("taken", [0, 1, 40])
+def test_closing_the_store_mid_scan_raises_at_the_next_step(filled: tuple[kvlog.Store, Model], taken: int) -> None:
+    store, model = filled
+    scan = store.scan(start=_key(17))
+    first = [next(scan) for _ in range(taken)]
+    assert first == [p for p in model.live() if p[0] >= _key(17)][:taken]
+    store.close(flush=False)
     with pytest.raises(kvlog.StoreClosedError):
         next(scan)
 
@@ -225,3 +270,81 @@ def test_the_scan_walk_and_scan_items_of_both_twins_agree() -> None:
     for runs in (c, twin):
         with pytest.raises(ValueError):
             runs.scan_items([(b"e", entries[b"e"])], now, True)
+
+
+def _fill_many_runs(path: Path) -> tuple[kvlog.Store, Model, list[list[bytes]]]:
+    """A B-tree of the even keys under ten runs: dense and sparse, overlapping and disjoint,
+    before and after the B-tree's keys, deleting its keys and writing keys anew, the newer runs
+    over the older ones' keys, with expiring entries and values in data files; and the keys of
+    each run."""
+    clock = ManualClock()
+    store = kvlog.open(path, partitions=2, clock=clock, inline_value_bytes=64, background_compaction=False,
+                       flush_interval_ms=0, index_run_limit=64)
+    model = Model(store, clock)
+    for i in range(200, 2200, 2):
+        model.put(_key(i), b"tree%d" % i * (20 if i % 251 == 0 else 1), ttl=i % 89 == 0)
+    store.flush()
+    store.log.index.settle()
+    plans: list[list[tuple[int, str]]] = [
+        [(i, "put") for i in range(0, 2400, 3)],                  # dense, over the whole range
+        [(i, "put") for i in range(1000, 1040)],                  # a disjoint block
+        [(i, "delete") for i in range(600, 700, 2)],              # deletions of the B-tree's keys
+        [(i, "put") for i in range(0, 2400, 6)],                  # the first run's keys anew
+        [(1500, "put")],                                          # one key
+        [(i, "put") for i in range(2300, 2400)],                  # past the B-tree's last key
+        [(i, "put") for i in range(0, 150, 5)],                   # before its first key
+        [(i, "put") for i in range(600, 700, 4)],                 # some deleted keys written anew
+        [(i, "delete") for i in range(1000, 1040, 3)] + [(i, "put") for i in range(1040, 1100, 7)],
+        [(i, "put" if i % 2 else "delete") for i in range(1490, 1510)],
+    ]
+    keys = []
+    for r, plan in enumerate(plans):
+        for i, op in plan:
+            if op == "delete":
+                model.delete(_key(i))
+            else:
+                model.put(_key(i), b"run%d-%d" % (r, i) * (30 if i % 97 == 0 else 1), ttl=(i + r) % 41 == 0)
+        keys.append([_key(i) for i, _op in plan])
+        store.flush()
+    clock.advance(TTL_MS)  # the expiring entries of the B-tree and of the runs have expired
+    for i in range(1495, 1505):
+        model.put(_key(i), b"mem%d" % i, ttl=i % 3 == 0)  # the memtable over them, not expired
+    return store, model, keys
+
+
+@pytest.fixture
+def many_runs(tmp_path: Path, native: Native) -> Iterator[tuple[kvlog.Store, Model, list[list[bytes]]]]:
+    store, model, keys = _fill_many_runs(tmp_path / "store")
+    assert _runs_pending(store) == 10
+    yield store, model, keys
+    store.close(flush=False)
+
+
+def test_scans_over_many_runs_from_and_to_each_runs_edges_match_the_model(
+        many_runs: tuple[kvlog.Store, Model, list[list[bytes]]]) -> None:
+    store, model, keys = many_runs
+    expected = model.live()
+    assert list(store.scan()) == expected
+    edges = sorted({e for run in keys for k in (run[0], run[-1]) for e in (k[:-1], k, k + b"\x00")}
+                   | {b"", b"k", b"l"})
+    for start in edges:
+        tail = [p for p in expected if p[0] >= start]
+        for n in (1, 2, FIRST_CHUNK, 3 * FIRST_CHUNK + 1):
+            assert list(islice(store.scan(start=start), n)) == tail[:n]
+        for stop in edges:
+            if stop > start:
+                within = [p for p in tail if p[0] < stop]
+                assert list(islice(store.scan(start=start, stop=stop), 40)) == within[:40]
+                assert list(store.scan(start=start, stop=stop)) == within
+    assert list(store.scan(prefix=_key(1000)[:-1])) == [p for p in expected if p[0].startswith(_key(1000)[:-1])]
+
+
+def test_one_key_scans_over_many_runs_from_every_start_match_the_model(
+        many_runs: tuple[kvlog.Store, Model, list[list[bytes]]]) -> None:
+    store, model, _keys = many_runs
+    expected = model.live()
+    for i in range(0, 2410):
+        start = _key(i)
+        tail = [p for p in expected if p[0] >= start][:1]
+        assert list(islice(store.scan(start=start), 1)) == tail
+        assert list(store.scan(start=start, stop=start + b"\x00")) == [p for p in tail if p[0] == start]
