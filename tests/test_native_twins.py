@@ -217,6 +217,17 @@ def _merge_all(m: Any, front: list[tuple[bytes, Any]], runs: list[bytes], lower:
 
 
 @SETTINGS
+def _scan_item(lmdb_key: bytes, value: bytes, now_ms: int) -> Any:
+    """A run entry as a scan reads it: its inline value, ``(partition, offset, expiry)`` for a
+    value in a data file, or None for a deletion (an empty value) or an entry expired at ``now_ms``."""
+    if not value:
+        return None
+    _key, partition, offset, inline_value, expires = C.runs.decode(lmdb_key, value)
+    if expires is not None and now_ms >= expires:
+        return None
+    return inline_value if inline_value is not None else (partition, offset, expires)
+
+
 @given(st.lists(st.tuples(st.lists(st.binary(min_size=1, max_size=3), max_size=25, unique=True).map(sorted),
                           st.integers(0, 1000)), max_size=5),
        st.lists(st.binary(min_size=1, max_size=3), max_size=12, unique=True).map(sorted),
@@ -230,8 +241,8 @@ def test_run_merges_are_equal_and_match_the_newest_entries(
     merged = same(lambda m: _merge_all(m, front, runs, lower, upper, now_ms, sizes))
     newest: dict[bytes, Any] = {}
     for run in reversed(runs):  # oldest first: the newer runs' entries win
-        items, _to_resolve, _stopped = C.runs.scan_items(C.runs.entries(run, lower, upper, -1, False), now_ms, True)
-        newest.update(items)
+        newest.update((key, _scan_item(key, value, now_ms))
+                      for key, value in C.runs.entries(run, lower, upper, -1, False))
     newest.update(front)
     assert [pair for chunk, _done in merged for pair in chunk] == sorted(newest.items())
     if 0 <= damage < len(runs) and runs[damage]:

@@ -110,7 +110,7 @@ static PyObject *inline_of(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return result;
 }
 
-#include "_scan_walk.h" /* scan_items and ScanWalk: a scan's entries */
+#include "_scan_walk.h" /* ScanWalk: a scan's entries */
 
 /* ---- index runs --------------------------------------------------------------------------- */
 
@@ -534,8 +534,6 @@ static PyMethodDef methods[] = {
      "An index value checked and taken apart: (key, partition, offset, inline value or None)."},
     {"inline", (PyCFunction)(void (*)(void))inline_of, METH_FASTCALL,
      "An index value checked: its inline value, or None when the value is in a data file."},
-    {"scan_items", scan_items, METH_VARARGS,
-     "A scan's checked (key, inline value, data file position or None) items of (key, value) pairs."},
     {"crc32c", crc32c, METH_VARARGS, "The CRC32C of the index's entries, as kvlog computes it in C."},
     {"lmdb_txnid", (PyCFunction)(void (*)(void))lmdb_txnid, METH_FASTCALL,
      "The id of the newest commit of an LMDB data file, read from its two meta pages."},

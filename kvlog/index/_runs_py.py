@@ -34,7 +34,7 @@ from kvlog.index._run_merge_py import RunMerge
 from kvlog.index._store_get_py import StoreGet
 
 __all__ = ["build", "crc32c", "decode", "entries", "find", "find_first", "inline", "lmdb_txnid",
-           "scan_items", "Getter", "RunMerge", "ScanWalk", "StoreGet"]
+           "Getter", "RunMerge", "ScanWalk", "StoreGet"]
 
 #: Any object with the buffer protocol: bytes, memoryview, a numpy array, an Arrow buffer.
 Buffer = Any
@@ -135,44 +135,6 @@ def inline(lmdb_key: Buffer, value: Buffer, /) -> bytes | None:
     if entry is None:
         raise ValueError(BAD_ENTRY)
     return None if entry[3] & FLAG_EXPIRES else entry[4]
-
-
-def scan_items(pairs: list[tuple[bytes, bytes]], now_ms: int, keep_hidden: bool, /
-               ) -> tuple[list[tuple[bytes, Any]], int, int]:
-    """A scan's items of ``(lmdb_key, value)`` pairs, each checked: ``(key, inline value)``,
-    ``(key, (partition, offset, expiry or None))`` for a value in a data file, or ``(key, None)``
-    for a run's deletion (an empty value) or an entry expired at ``now_ms`` (left out unless
-    ``keep_hidden``). Stops at the first long key; returns the items, how many are in data files,
-    and where it stopped (``len(pairs)`` when no long key)."""
-    if not isinstance(pairs, list):
-        raise TypeError("scan_items() takes a list of (key, value) pairs")
-    now = operator.index(now_ms)
-    out: list[tuple[bytes, Any]] = []
-    to_resolve = 0
-    for i, pair in enumerate(pairs):
-        if (not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], bytes)
-                or not isinstance(pair[1], bytes)):
-            raise TypeError("scan_items() takes (bytes, bytes) pairs")
-        key, value = pair
-        if not value:
-            if keep_hidden:
-                out.append((key, None))
-            continue
-        entry = open_entry(bytes(key), bytes(value))
-        if entry is None:
-            raise ValueError(BAD_ENTRY)
-        _key, partition, offset, flags, inline_value, expires = entry
-        if flags & FLAG_LONG:
-            return out, to_resolve, i
-        if expires is not None and now >= expires:
-            if keep_hidden:
-                out.append((key, None))
-        elif inline_value is not None:
-            out.append((key, inline_value))
-        else:
-            to_resolve += 1
-            out.append((key, (partition, offset, expires)))
-    return out, to_resolve, len(pairs)
 
 
 WALK_RUNNING, WALK_END, WALK_TREE, WALK_OVERLAY, WALK_REFILL, WALK_ERROR, WALK_RESUME, WALK_CLEARED = range(8)

@@ -1,91 +1,11 @@
 /*
  * A forward scan's entries in C, for kvlog/index/_runs.c (which includes this once, after
- * _index_entry.h and _key_order.h): scan_items checks a list of entries and takes them apart
- * for a scan; ScanWalk walks the B-tree's cursor merged with an overlay of the memtable's and
- * the pending runs' entries (see kvlog.index.merged and the Python twins in _runs_py.py).
+ * _index_entry.h and _key_order.h): ScanWalk walks the B-tree's cursor merged with an overlay
+ * of the memtable's and the pending runs' entries (see kvlog.index.merged and the Python twins
+ * in _runs_py.py).
  */
 #ifndef KVLOG_SCAN_WALK_H
 #define KVLOG_SCAN_WALK_H
-
-/* scan_items(pairs: list of (lmdb_key, value), now_ms, keep_hidden) -> (items, to_resolve, stopped)
- * for a scan: each checked entry as (key, inline value) when its value is inline, (key,
- * (partition, offset, expiry or None)) when it is in a data file, or (key, None) when it is a
- * run's deletion (an empty value) or expired at now_ms (left out unless keep_hidden). Stops at
- * the first long key (stopped: its position; len(pairs) when there is none); to_resolve counts
- * the entries in data files. */
-static PyObject *scan_items(PyObject *self, PyObject *args) {
-    PyObject *pairs;
-    long long now_ms;
-    int keep_hidden;
-    if (!PyArg_ParseTuple(args, "O!Lp", &PyList_Type, &pairs, &now_ms, &keep_hidden)) {
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(pairs), i = 0, to_resolve = 0;
-    PyObject *out = PyList_New(0);
-    for (; out != NULL && i < n; i++) {
-        PyObject *pair = PyList_GET_ITEM(pairs, i);
-        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(pair, 0))
-            || !PyBytes_Check(PyTuple_GET_ITEM(pair, 1))) {
-            PyErr_SetString(PyExc_TypeError, "scan_items() takes (bytes, bytes) pairs");
-            Py_CLEAR(out);
-            break;
-        }
-        PyObject *key = PyTuple_GET_ITEM(pair, 0), *value = PyTuple_GET_ITEM(pair, 1);
-        PyObject *item;
-        if (PyBytes_GET_SIZE(value) == 0) {
-            if (!keep_hidden) {
-                continue;
-            }
-            item = Py_NewRef(Py_None);
-        } else {
-            Entry e;
-            if (entry_open(PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key),
-                           (const uint8_t *)PyBytes_AS_STRING(value), (size_t)PyBytes_GET_SIZE(value), &e) < 0) {
-                PyErr_SetString(PyExc_ValueError, BAD_ENTRY);
-                Py_CLEAR(out);
-                break;
-            }
-            if (e.flags & FLAG_LONG) {
-                break;
-            }
-            if ((e.flags & FLAG_EXPIRES) && now_ms >= e.expires) {
-                if (!keep_hidden) {
-                    continue;
-                }
-                item = Py_NewRef(Py_None);
-            } else if (e.inline_value != NULL) {
-                item = PyBytes_FromStringAndSize(e.inline_value, (Py_ssize_t)e.inline_len);
-            } else {
-                to_resolve++;
-                if (e.flags & FLAG_EXPIRES) {
-                    item = Py_BuildValue("(HKL)", e.partition, (unsigned long long)e.offset, (long long)e.expires);
-                } else {
-                    item = Py_BuildValue("(HKO)", e.partition, (unsigned long long)e.offset, Py_None);
-                }
-            }
-        }
-        if (item == NULL) {
-            Py_CLEAR(out);
-            break;
-        }
-        PyObject *entry = PyTuple_New(2);
-        if (entry == NULL) {
-            Py_DECREF(item);
-            Py_CLEAR(out);
-            break;
-        }
-        PyTuple_SET_ITEM(entry, 0, Py_NewRef(key));
-        PyTuple_SET_ITEM(entry, 1, item);
-        if (PyList_Append(out, entry) < 0) {
-            Py_CLEAR(out);
-        }
-        Py_DECREF(entry);
-    }
-    if (out == NULL) {
-        return NULL;
-    }
-    return Py_BuildValue("(Nnn)", out, to_resolve, i);
-}
 
 /* ---- scan walks ---------------------------------------------------------------------------- */
 

@@ -241,10 +241,9 @@ def _walk_all(runs: ModuleType, source: list[tuple[bytes, bytes]], overlay: list
             None if error is None else (type(error), str(error))]
 
 
-def test_the_scan_walk_and_scan_items_of_both_twins_agree() -> None:
+def test_the_scan_walks_of_both_twins_agree() -> None:
     """The C walk and its twin stop at the same place for the same reason, on every kind of
-    entry: inline, in a data file, expired or not, damaged, a long key, past the bound; and
-    ``scan_items`` takes the same entries apart the same way."""
+    entry: inline, in a data file, expired or not, damaged, a long key, past the bound."""
     c, twin = importlib.import_module("kvlog.index._runs"), importlib.import_module("kvlog.index._runs_py")
     now = 1_000
     entries = {
@@ -263,13 +262,6 @@ def test_the_scan_walk_and_scan_items_of_both_twins_agree() -> None:
         for overlay in overlays:
             for upper in (None, b"c", b"d0", b"zz"):
                 assert _walk_all(c, source, overlay, upper, now) == _walk_all(twin, source, overlay, upper, now)
-        ok = [p for p in source if p[0] != b"e"]
-        for keep in (False, True):
-            assert c.scan_items(ok, now, keep) == twin.scan_items(ok, now, keep)
-            assert c.scan_items(ok + [(b"r", b"")], now, keep) == twin.scan_items(ok + [(b"r", b"")], now, keep)
-    for runs in (c, twin):
-        with pytest.raises(ValueError):
-            runs.scan_items([(b"e", entries[b"e"])], now, True)
 
 
 def _fill_many_runs(path: Path) -> tuple[kvlog.Store, Model, list[list[bytes]]]:
