@@ -332,3 +332,68 @@ def test_a_writer_that_could_not_check_its_commit_after_a_restore_never_writes_o
     with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh2") as reader:
         assert reader.check() == []
         assert reader.get(b"f") == b"6"
+
+
+# -- The retry of a flush whose commit followed a gap is no duplicate -----------------------------
+
+#: A storage for ``root`` and how to arm it: restore the root from a backup at the next commit.
+Restoring = Callable[[Path], tuple[LocalStorage, Callable[[Path], None]]]
+
+
+def _restore_on_commit(root: Path) -> tuple[LocalStorage, Callable[[Path], None]]:
+    storage = HookBeforeCommit(root, fsync=False)
+
+    def arm(backup: Path) -> None:
+        storage.hook = lambda: restore_root(root, backup)
+    return storage, arm
+
+
+def _restore_then_lose_response(root: Path) -> tuple[LocalStorage, Callable[[Path], None]]:
+    storage = RestoreThenLoseResponse(root, fsync=False)
+    return storage, lambda backup: setattr(storage, "backup", backup)
+
+
+def _restore_failing_take_back(root: Path) -> tuple[LocalStorage, Callable[[Path], None]]:
+    storage = RestoreOnCommitFailingTakeBack(root, fsync=False)
+    return storage, lambda backup: setattr(storage, "backup", backup)
+
+
+def _restore_failing_follow_check(root: Path) -> tuple[LocalStorage, Callable[[Path], None]]:
+    storage = RestoreOnCommitFailingFollowCheck(root, fsync=False)
+    return storage, lambda backup: setattr(storage, "backup", backup)
+
+
+@pytest.mark.parametrize("restoring", [
+    pytest.param(_restore_on_commit, id="taken-back"),
+    pytest.param(_restore_then_lose_response, id="answer-lost-then-taken-back"),
+    pytest.param(_restore_failing_take_back, id="take-back-failed"),
+    pytest.param(_restore_failing_follow_check, id="follow-check-failed"),
+])
+@pytest.mark.parametrize("retry", ["flush", "background"])
+def test_the_retry_of_a_flush_whose_commit_followed_a_restore_gap_acknowledges_nothing(
+        tmp_path: Path, restoring: Restoring, retry: str) -> None:
+    """A flush whose commit landed after a restore gap fails (the commit taken back, or its
+    check not made), but the writer's cache applied that commit, producer sequences included,
+    and the flush's batches stay buffered for a retry. The retry must not take them for
+    duplicates of a commit in storage and acknowledge them: neither ``flush()`` nor the
+    background flusher (whose success ``flush()`` would report) ever succeeds for them, and a
+    fresh reader of the restored root holds every acknowledged write and not the lost one."""
+    root = tmp_path / "root"
+    storage, arm = restoring(root)
+    settings = {**QUIET, "flush_interval_ms": 20 if retry == "background" else 0}
+    store = kvlog.open(storage, cache_dir=tmp_path / "cache", **settings)
+    try:
+        write_past_a_backup(store, root, tmp_path / "backup")
+        arm(tmp_path / "backup")
+        with pytest.raises((StorageBehindError, StorageError)):
+            store.put(b"d", b"4", sync=True)  # its commit followed the gap: not acknowledged
+        if retry == "background":
+            time.sleep(0.3)  # the background flusher retries the failed flush meanwhile
+        for _ in range(3):
+            with pytest.raises(StorageBehindError):
+                store.flush()
+    finally:
+        store.close(flush=False)
+    with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as reader:
+        assert reader.get(b"a") == b"1"
+        assert reader.get(b"d") is None
