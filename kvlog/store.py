@@ -451,6 +451,13 @@ class Store(StoreMapping):
             self._index.release()
             self.log.close()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The attributes a copy (``copy.copy``) takes: all but the bound ``get``, which reads
+        this store's state; the copy's ``get`` is the method, reading the copy's."""
+        state = dict(self.__dict__)
+        state.pop("get", None)
+        return state
+
     def __enter__(self) -> Store:
         return self
 

@@ -122,16 +122,57 @@ static void store_get_dealloc(PyObject *self) {
     Py_TYPE(self)->tp_free(self);
 }
 
+/* What introspection reads of a bound method (help, inspect.signature): the
+ * store's own get's name, qualified name and docstring, the get itself as __wrapped__ (its
+ * signature is the store get's), and the store as __self__. */
+static PyObject *store_get_of_fallback(PyObject *self, void *name) {
+    StoreGet *sg = (StoreGet *)self;
+    if (sg->fallback == NULL) {
+        PyErr_SetString(PyExc_AttributeError, (const char *)name);
+        return NULL;
+    }
+    return PyObject_GetAttrString(sg->fallback, (const char *)name);
+}
+
+static PyObject *store_get_wrapped(PyObject *self, void *closure) {
+    (void)closure;
+    StoreGet *sg = (StoreGet *)self;
+    if (sg->fallback == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "__wrapped__");
+        return NULL;
+    }
+    return Py_NewRef(sg->fallback);
+}
+
+static PyObject *store_get_owner(PyObject *self, void *closure) {
+    (void)closure;
+    StoreGet *sg = (StoreGet *)self;
+    if (sg->owner == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "__self__");
+        return NULL;
+    }
+    return Py_NewRef(sg->owner);
+}
+
+static PyGetSetDef store_get_getset[] = {
+    {"__name__", store_get_of_fallback, NULL, "The store get's name.", "__name__"},
+    {"__qualname__", store_get_of_fallback, NULL, "The store get's qualified name.", "__qualname__"},
+    {"__doc__", store_get_of_fallback, NULL, "The store get's docstring.", "__doc__"},
+    {"__wrapped__", store_get_wrapped, NULL, "The store's own get, which answers every other call.", NULL},
+    {"__self__", store_get_owner, NULL, "The store.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyTypeObject StoreGetType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "kvlog.index._runs.StoreGet",
-    .tp_doc = "A store's get in one call when its key is a valid bytes key of an open store.",
     .tp_basicsize = sizeof(StoreGet),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_new = store_get_new,
     .tp_dealloc = store_get_dealloc,
     .tp_traverse = store_get_traverse,
     .tp_clear = store_get_clear,
+    .tp_getset = store_get_getset,
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(StoreGet, vectorcall),
 };

@@ -29,6 +29,27 @@ class StoreGet:
         self._found = found
         self._key_limit = key_limit
 
+    # What introspection reads of a bound method (help, inspect.signature): the
+    # store's own get's name, qualified name and docstring (see _doc below), the get itself as
+    # __wrapped__ (its signature is the store get's), and the store as __self__.
+    @property
+    def __name__(self) -> str:
+        name: str = self._fallback.__name__
+        return name
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "__qualname__":  # a class body's __qualname__ names the class: read here
+            return self._fallback.__qualname__
+        raise AttributeError(f"'StoreGet' object has no attribute {name!r}")
+
+    @property
+    def __wrapped__(self) -> Any:
+        return self._fallback
+
+    @property
+    def __self__(self) -> Any:
+        return self._owner
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or not 1 <= len(args) <= 2:
             return self._fallback(*args, **kwargs)
@@ -43,3 +64,12 @@ class StoreGet:
         if answer is None:
             return default
         return self._found(key, answer, default)
+
+
+def _doc(get: StoreGet) -> str | None:
+    """The store get's docstring (``help(store.get)``)."""
+    doc: str | None = get._fallback.__doc__
+    return doc
+
+
+StoreGet.__doc__ = property(_doc)  # type: ignore[assignment]

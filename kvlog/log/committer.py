@@ -74,6 +74,13 @@ class Committer:
         #: ``(version, commit id)`` of the newest commit this writer created and checked after
         #: it landed (:meth:`_verify_follows`): the next commit need not read it before writing.
         self._own_head: tuple[int, str] | None = None
+        #: A commit this writer created whose check after it landed (:meth:`_verify_follows`)
+        #: raised before it could decide: ``(commit, version it follows, head)``, checked again
+        #: before this cache is trusted to write or answer (:meth:`verify_head`).
+        self._unverified: tuple[Commit, int, tuple[int, tuple[int, str, int] | None]] | None = None
+        #: Set once a commit this writer created was found to follow a gap: this cache applied
+        #: it, so it is out of date for good (:meth:`verify_head` raises until it is reopened).
+        self._gap: tuple[str, str] | None = None
 
     # -- applying ---------------------------------------------------------------------------------
     def apply_landed(self) -> int:
@@ -215,6 +222,7 @@ class Committer:
                 if done is not None:
                     return done
                 try:
+                    self._check_own_commits()
                     previous = self._checked_own_head(version - 1, head)
                     if previous is None:
                         previous = self.verify_head(version - 1)
@@ -250,7 +258,9 @@ class Committer:
                 done = decided if decided is not None else self.outcome(commit.commit_id)
                 if done is not None:
                     if created:
+                        self._unverified = (commit, version - 1, head)
                         self._verify_follows(commit, version - 1, head)
+                        self._unverified = None
                     the_log.maybe_checkpoint()
                     return done
             if last_error is not None and storage_errors == retries:
@@ -303,6 +313,7 @@ class Committer:
         gap that no fresh reader ever crosses. A cache that merely fell behind the retention
         window catches up from the newest checkpoint; otherwise :class:`StorageBehindError`.
         """
+        self._check_own_commits()
         if version == 0:
             return None
         the_log = self._log
@@ -334,6 +345,24 @@ class Committer:
             self._verify_link(version)
             self._linked = (applied[0], applied[1])
         return applied[1]
+
+    def _check_own_commits(self) -> None:
+        """Refuse to trust this cache while a commit this writer created is known to follow a
+        gap, or was never checked after it landed (then check it now).
+
+        The link check of :meth:`verify_head` looks one commit back from the head, and that is
+        not enough once another writer's commit lands on top of ours: a writer of the lost
+        history whose own check failed leaves its commit after the gap, this cache applies it
+        as a refused no-op, and the head's link to our commit holds. Writing on would put
+        acknowledged commits, and checkpoints that fresh readers start from, on top of a gap.
+        """
+        if self._gap is not None:
+            raise StorageBehindError(*self._gap)
+        pending = self._unverified
+        if pending is not None:
+            self._verify_follows(*pending)
+            if self._unverified is pending:
+                self._unverified = None
 
     def _verify_link(self, version: int) -> None:
         """Check that the commit this cache applied before its head ``version`` is still in
@@ -389,10 +418,11 @@ class Committer:
                 storage.delete(own)
         except (FileNotFoundError, KvlogError) as e:
             log.warning("could not take back commit %s written after a gap: %s", own, e)
-        raise StorageBehindError(
-            name, f"is no longer the commit {own} follows (the storage root was restored while the "
-            "commit was on its way); nothing was acknowledged: reopen the store to rebuild its cache",
-        )
+        self._gap = (name, f"is no longer the commit {own} follows (the storage root was restored "
+                     "while the commit was on its way); nothing was acknowledged: reopen the store "
+                     "to rebuild its cache")
+        self._unverified = None
+        raise StorageBehindError(*self._gap)
 
     def _collected_after(self, commit: Commit, own: str) -> bool:
         """Whether the missing predecessor of ``commit`` (which landed as ``own``) was collected

@@ -14,6 +14,7 @@ import pytest
 from root_surgery import (
     QUIET,
     age_every_data_file,
+    copy_root,
     is_commit,
     restore_root,
     write_past_a_backup,
@@ -23,6 +24,7 @@ import kvlog
 from kvlog.clock import ManualClock
 from kvlog.config import DAY_MS
 from kvlog.errors import KvlogError, StorageBehindError, StorageError
+from kvlog.log.naming import commit_name
 from kvlog.storage import LocalStorage
 from kvlog.storage.base import BytesLike
 
@@ -332,3 +334,138 @@ def test_a_writer_that_could_not_check_its_commit_after_a_restore_never_writes_o
     with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh2") as reader:
         assert reader.check() == []
         assert reader.get(b"f") == b"6"
+
+
+# -- The retry of a flush whose commit followed a gap is no duplicate -----------------------------
+
+#: A storage for ``root`` and how to arm it: restore the root from a backup at the next commit.
+Restoring = Callable[[Path], tuple[LocalStorage, Callable[[Path], None]]]
+
+
+def _restore_on_commit(root: Path) -> tuple[LocalStorage, Callable[[Path], None]]:
+    storage = HookBeforeCommit(root, fsync=False)
+
+    def arm(backup: Path) -> None:
+        storage.hook = lambda: restore_root(root, backup)
+    return storage, arm
+
+
+def _restore_then_lose_response(root: Path) -> tuple[LocalStorage, Callable[[Path], None]]:
+    storage = RestoreThenLoseResponse(root, fsync=False)
+    return storage, lambda backup: setattr(storage, "backup", backup)
+
+
+def _restore_failing_take_back(root: Path) -> tuple[LocalStorage, Callable[[Path], None]]:
+    storage = RestoreOnCommitFailingTakeBack(root, fsync=False)
+    return storage, lambda backup: setattr(storage, "backup", backup)
+
+
+def _restore_failing_follow_check(root: Path) -> tuple[LocalStorage, Callable[[Path], None]]:
+    storage = RestoreOnCommitFailingFollowCheck(root, fsync=False)
+    return storage, lambda backup: setattr(storage, "backup", backup)
+
+
+@pytest.mark.parametrize("restoring", [
+    pytest.param(_restore_on_commit, id="taken-back"),
+    pytest.param(_restore_then_lose_response, id="answer-lost-then-taken-back"),
+    pytest.param(_restore_failing_take_back, id="take-back-failed"),
+    pytest.param(_restore_failing_follow_check, id="follow-check-failed"),
+])
+@pytest.mark.parametrize("retry", ["flush", "background"])
+def test_the_retry_of_a_flush_whose_commit_followed_a_restore_gap_acknowledges_nothing(
+        tmp_path: Path, restoring: Restoring, retry: str) -> None:
+    """A flush whose commit landed after a restore gap fails (the commit taken back, or its
+    check not made), but the writer's cache applied that commit, producer sequences included,
+    and the flush's batches stay buffered for a retry. The retry must not take them for
+    duplicates of a commit in storage and acknowledge them: neither ``flush()`` nor the
+    background flusher (whose success ``flush()`` would report) ever succeeds for them, and a
+    fresh reader of the restored root holds every acknowledged write and not the lost one."""
+    root = tmp_path / "root"
+    storage, arm = restoring(root)
+    settings = {**QUIET, "flush_interval_ms": 20 if retry == "background" else 0}
+    store = kvlog.open(storage, cache_dir=tmp_path / "cache", **settings)
+    try:
+        write_past_a_backup(store, root, tmp_path / "backup")
+        arm(tmp_path / "backup")
+        with pytest.raises((StorageBehindError, StorageError)):
+            store.put(b"d", b"4", sync=True)  # its commit followed the gap: not acknowledged
+        if retry == "background":
+            time.sleep(0.3)  # the background flusher retries the failed flush meanwhile
+        for _ in range(3):
+            with pytest.raises(StorageBehindError):
+                store.flush()
+    finally:
+        store.close(flush=False)
+    with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as reader:
+        assert reader.get(b"a") == b"1"
+        assert reader.get(b"d") is None
+
+
+# -- A commit of ours after a gap stays a gap under another writer's commit ----------------------
+
+class FailingOnce(LocalStorage):
+    """Fails the next read of ``fail_read`` and the next delete of a commit when told to."""
+
+    fail_read: str | None = None
+    fail_commit_delete = False
+
+    def read(self, name: str) -> bytes:
+        if name == self.fail_read:
+            self.fail_read = None
+            raise StorageError(f"cannot read {name}: service unavailable")
+        return super().read(name)
+
+    def delete(self, name: str) -> None:
+        if self.fail_commit_delete and is_commit(name):
+            self.fail_commit_delete = False
+            raise StorageError(f"cannot delete {name}: service unavailable")
+        super().delete(name)
+
+
+def test_a_commit_after_a_gap_covered_by_another_writers_commit_is_still_never_written_on(
+        tmp_path: Path) -> None:
+    """Two writers keep their caches through a restore. Writer A commits after the gap, but
+    cannot read the commit its commit follows (a transient error): neither acknowledged nor
+    taken back, its commit stays. Writer B, whose own last commit the restore removed, commits
+    on top of A's; B's check finds A's commit where its own was, but B cannot take its commit
+    back either. A's cache applies B's commit as a refused no-op, and the head's link to the
+    commit before it (A's) holds: A must still find that its own commit follows a gap, and
+    acknowledge nothing on top of it (no commit, no checkpoint a fresh reader would start
+    from, no retry of its failed flush)."""
+    root = tmp_path / "root"
+    a_storage = FailingOnce(root, fsync=False)
+    b_storage = FailingOnce(root, fsync=False)
+    a = kvlog.open(a_storage, cache_dir=tmp_path / "a", checkpoint_interval=2, **QUIET)
+    b = kvlog.open(b_storage, cache_dir=tmp_path / "b", checkpoint_interval=2, **QUIET)
+    acknowledged: list[bytes] = []
+    try:
+        a.put(b"a", b"1", sync=True)
+        copy_root(root, tmp_path / "backup")
+        a.put(b"b", b"2", sync=True)  # A's own commit at version x
+        b.put(b"c", b"3", sync=True)  # B's own commit at x + 1
+        restore_root(root, tmp_path / "backup")
+        a_storage.fail_read = commit_name(a.log.version)
+        with pytest.raises(StorageError):
+            a.put(b"d", b"4", sync=True)  # A's commit lands at x + 1, after the gap, unchecked
+        b_storage.fail_commit_delete = True
+        with pytest.raises(StorageBehindError):
+            b.put(b"e", b"5", sync=True)  # lands at x + 2 on top of A's, and stays
+        for key in (b"f", b"g", b"h"):
+            try:
+                a.put(key, b"6", sync=True)
+                acknowledged.append(key)
+            except StorageBehindError:
+                pass
+        try:
+            a.flush()
+            acknowledged.append(b"d")
+        except StorageBehindError:
+            pass
+        assert acknowledged == [], "a write acknowledged on top of a commit that follows a gap"
+    finally:
+        a.close(flush=False)
+        b.close(flush=False)
+    with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as reader:
+        assert reader.check() == []
+        assert reader.get(b"a") == b"1"
+        assert [reader.get(k) for k in (b"d", b"f", b"g", b"h")] == [None] * 4
