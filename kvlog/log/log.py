@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from kvlog.clock import Clock, IdSource
 from kvlog.config import StoreConfig
-from kvlog.errors import CorruptDataError, InvalidRecordError, StoreClosedError
+from kvlog.errors import CorruptDataError, InvalidRecordError, KvlogError, StoreClosedError
 from kvlog.format.commit import Commit, FileEntry
 from kvlog.format.identity import Identity
 from kvlog.index import IndexEntry, IndexReader, KeyIndex, RebuildChunk, RecordExpired
@@ -56,6 +56,9 @@ from kvlog.storage import Storage
 __all__ = ["Log"]
 
 log = logging.getLogger("kvlog.log")
+
+#: How many times :meth:`Log.snapshot` applies its function when map resizes keep ending it.
+_SNAPSHOT_ATTEMPTS = 8
 
 
 class Log:
@@ -123,12 +126,25 @@ class Log:
         return self.index.reader()
 
     def snapshot(self, fn: Callable[[IndexReader], Any]) -> Any:
-        """``fn`` applied to a read snapshot of the metadata."""
-        reader = self.reader()
-        try:
-            return fn(reader)
-        finally:
-            reader.close()
+        """``fn`` applied to a read snapshot of the metadata.
+
+        A resize of the LMDB map (the cache grew, here or in another process) ends every read
+        transaction of this process, so ``fn``, which only reads, fails if one happens while it
+        runs: it is then applied again to a new snapshot, as many times as resizes end it (a
+        resize doubles the map, so they are few). Any other failure is raised.
+        """
+        gate = self.env.gate
+        for attempt in range(_SNAPSHOT_ATTEMPTS):
+            epoch = gate.epoch
+            reader = self.reader()
+            try:
+                return fn(reader)
+            except KvlogError:  # the reader's failures, LMDB's included, are kvlog errors
+                if gate.epoch == epoch or attempt == _SNAPSHOT_ATTEMPTS - 1:
+                    raise
+            finally:
+                reader.close()
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def settle_index(self) -> int:
         """Merge the key index's pending runs into its B-tree (writers paused); return how many."""
