@@ -2,11 +2,17 @@
 
 LMDB forbids opening the same environment twice in one process, so handles
 are shared through a registry and reference-counted. ``MapFullError`` doubles
-the map and retries the transaction function; ``writemap`` makes write
-transactions modify the memory map directly, so dirty pages are page cache,
-never heap that grows with the size of a transaction (a sparse file on disk); ``MapResizedError`` (another
+the map and retries the transaction function; ``MapResizedError`` (another
 process grew it) adopts the new size. Stale reader slots of dead processes are
 cleared on open.
+
+The map is read-only memory: write transactions keep their dirty pages in memory LMDB
+allocates and write them to the file with ``pwrite`` at commit (``writemap=False``). The data
+file is sparse, and a write through a writable map to a page the filesystem has no block for
+(a full disk) kills the process with SIGBUS; ``pwrite`` returns ``ENOSPC`` instead, which is a
+``StorageError`` like every other LMDB failure, and the aborted transaction leaves the cache as
+its last commit left it. The cost is heap for the dirty pages of one transaction (a flush's
+index and catalog rows) in place of page cache.
 
 Commits are not fsynced: the cache is rebuildable, and a process crash loses
 nothing (its pages are in the page cache). Only a machine crash can leave a
@@ -280,7 +286,7 @@ class LmdbEnv:
         there raises), and apply a reader's damage report or an index layout change."""
         env = lmdb.open(
             str(self.path), map_size=self._map_size, max_dbs=len(DB_NAMES) + 2, max_readers=1024,
-            metasync=False, sync=self._held is None, readahead=False, subdir=True, writemap=True,
+            metasync=False, sync=self._held is None, readahead=False, subdir=True, writemap=False,
         )
         try:
             env.reader_check()
@@ -511,7 +517,7 @@ class LmdbEnv:
     def disk_bytes(self) -> int:
         """Bytes the environment's data file uses on disk."""
         try:
-            return os.stat(self.path / "data.mdb").st_blocks * 512  # the file is sparse (writemap)
+            return os.stat(self.path / "data.mdb").st_blocks * 512  # the file is sparse
         except OSError:
             return 0
 

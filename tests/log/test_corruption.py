@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,9 @@ import pytest
 
 import kvlog
 from kvlog.check import check_store
-from kvlog.errors import CorruptDataError, KvlogError
+from kvlog.errors import CorruptDataError, InvalidRecordError, KvlogError
 from kvlog.format.commit import Commit, decode_commit, encode_commit
+from kvlog.format.envelope import decode_document, encode_document
 from kvlog.log import Log
 from kvlog.log.naming import checkpoint_name, commit_name
 from kvlog.log.records import partition_for_key
@@ -199,9 +201,12 @@ def test_a_replace_commit_with_a_malformed_cleaner_state_is_refused_naming_it(
     # Commit 5 replaces nothing and adds nothing: only its cleaner state is read when applied.
     name = commit_name(5)
     previous = decode_commit(commit_name(4), (root / commit_name(4)).read_bytes())
-    commit = Commit(5, "c" * 32, previous.timestamp_ms, "replace", previous_id=previous.commit_id,
-                    info={"cleaner": cleaner})
-    (root / name).write_bytes(bytes(encode_commit(commit)))
+    commit = Commit(5, "c" * 32, previous.timestamp_ms, "replace", previous_id=previous.commit_id)
+    with pytest.raises(InvalidRecordError, match="cleaner"):  # kvlog never writes one
+        encode_commit(replace(commit, info={"cleaner": cleaner}))
+    body = decode_document(name, encode_commit(commit), "commit")
+    body["info"] = {"cleaner": cleaner}
+    (root / name).write_bytes(encode_document("commit", body))
     with pytest.raises(CorruptDataError) as info:
         make_log(root, tmp_path / "fresh-cache")
     assert info.value.name == name
