@@ -77,7 +77,7 @@ def test_json_and_hex_output_say_which_value_is_a_tombstone(
 
 @pytest.mark.parametrize("args, code, expected", [
     (("--max-records", "0"), 2, "--max-records must be positive"),
-    (("--partition", "7"), 1, "partition 7 is not in [0, 2)"),
+    (("--partition", "7"), 2, "--partition 7 is not in [0, 2)"),
 ])
 def test_bad_arguments_are_one_line_and_commit_nothing(
         capsysbinary: pytest.CaptureFixture[bytes], store_path: str,
