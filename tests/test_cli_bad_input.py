@@ -22,7 +22,10 @@ from kvlog.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-c", "import sys; from kvlog.cli import main; sys.exit(main())"]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+#: The environment of a command: this checkout first on the path, and stdout buffered as a
+#: user's is (``PYTHONUNBUFFERED`` would hide output a command leaves in its buffer).
+ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
+       "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 TIMEOUT_S = 300
 
 #: A placeholder for the store's directory in the commands below.

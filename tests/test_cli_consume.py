@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from kvlog.cli import main
 from kvlog.cli.encoding import unescape_tsv
 
 KVLOG = str(Path(sys.executable).with_name("kvlog"))
-QUIET = {"background_compaction": False, "flush_interval_ms": 0, "partitions": 2}
+QUIET: dict[str, Any] = {"background_compaction": False, "flush_interval_ms": 0, "partitions": 2}
 
 
 def call(capsys: pytest.CaptureFixture[bytes], *args: str) -> tuple[int, bytes, str]:
@@ -123,17 +124,24 @@ def test_follow_prints_another_processes_writes_as_they_land(store_path: str) ->
 ROOT = Path(__file__).resolve().parents[1]
 #: The command line run as ``python -c``, with this checkout first on the path.
 CLI = [sys.executable, "-c", "import sys; from kvlog.cli import main; sys.exit(main())"]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+#: The environment of a command: this checkout first on the path, and stdout buffered as a
+#: user's is (``PYTHONUNBUFFERED`` would hide output a command leaves in its buffer).
+ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
+       "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 WAIT_S = 120
 
-#: A writer that keeps appending numbered records until it is stopped (a producer of its own).
+#: A writer that keeps appending numbered records, in bursts of five with a pause after each,
+#: until it is stopped (a producer of its own). The pauses leave ``consume`` waiting with what
+#: it printed last, where a stop finds it most of the time.
 WRITER = """
-import sys, kvlog
+import sys, time, kvlog
 with kvlog.open(sys.argv[1], producer_id=7, background_compaction=False, flush_interval_ms=0) as store:
     i = 0
     while True:
         store.put(b"n%08d" % i, b"v%d" % i, sync=True)
         i += 1
+        if i % 5 == 0:
+            time.sleep(0.1)
 """
 
 
