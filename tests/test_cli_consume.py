@@ -208,8 +208,8 @@ def stop_at_random_moments(tmp_path: Path, signum: int, rounds: int, seed: int) 
                 assert proc.returncode == -signal.SIGKILL
             else:
                 assert proc.returncode == 128 + signum, err
-                assert err.decode() == {signal.SIGINT: "kvlog: interrupted\n",
-                                        signal.SIGTERM: "kvlog: terminated\n"}[signum]
+                word = "interrupted" if signum == signal.SIGINT else "terminated"
+                assert err.decode() == f"kvlog: {word}\n"
                 assert out.read_bytes().endswith(b"\n")  # stopped at a record boundary
             now = committed_offsets(path)
             for p in range(2):

@@ -3,9 +3,12 @@
 The group's offsets live in the store, like any :meth:`kvlog.Store.consumer`'s: a second
 ``kvlog consume URI GROUP`` prints only what was written since the first committed. Without
 ``--follow`` the command prints what the log holds past the group's position and exits;
-with it, it waits for new records (other processes' too) until interrupted. Offsets are
-committed after each printed poll, so an interrupted run resumes after the last record it
-printed (at least once: a record printed just before an interrupt may print again).
+with it, it waits for new records (other processes' too) until stopped. Each poll's lines
+are written and flushed before its offsets are committed, so every committed record is out
+of the process whatever stops it (at least once: a poll a SIGKILL catches between its flush
+and its commit prints again). SIGTERM and SIGINT stop it between polls, with what it printed
+committed (exit 143 and 130); a closed output pipe stops it without committing the poll it
+could not write (exit 141).
 """
 
 from __future__ import annotations
