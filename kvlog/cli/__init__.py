@@ -4,7 +4,7 @@ Exit codes: 0 success, 1 a failed command (a missing key, a refused write, any
 error), 2 a usage error (bad arguments, ``--storage-options``, ``--set``, bad hex, an
 unreadable ``--key-file``/``--value-file``; also ``kvlog bench``, which names where the
 benchmark suite runs: ``python -m benchmarks`` in a source checkout),
-130 interrupted,
+130 interrupted (SIGINT), 143 terminated (SIGTERM: ``consume`` stops cleanly on both),
 141 the output pipe was closed (``kvlog scan URI | head``).
 
 Each command group is a module with a ``register(subparsers)`` function, listed once in

@@ -16,7 +16,8 @@ from kvlog.format.identity import IDENTITY_NAME
 
 __all__ = [
     "Parser", "Subparsers", "one_line", "uri_arg", "storage_options_arg", "setting_arg",
-    "add_store_arguments", "open_store", "require_store", "refuse_to_create", "writer_id",
+    "add_store_arguments", "open_store", "require_store", "refuse_to_create", "store_config",
+    "stored_partitions",
 ]
 
 #: The object :meth:`argparse.ArgumentParser.add_subparsers` returns, to which commands add parsers.
@@ -181,8 +182,35 @@ def refuse_to_create(uri: str, create: bool) -> str | None:
             "give --create to make a store there anyway")
 
 
-def writer_id() -> int:
-    """A producer id of its own for a one-off command, so it never fences an application."""
-    from kvlog.clock import SystemIdSource
+def store_config(args: argparse.Namespace) -> StoreConfig:
+    """The settings :func:`open_store` opens the store with, checked without opening it.
 
-    return int.from_bytes(SystemIdSource().token(8), "big") >> 1
+    A command checks its input against these (a key's length against ``max_key_bytes``...)
+    before it opens the store, so input it refuses changes no file: opening alone writes the
+    metadata cache. A setting out of range is a :class:`~kvlog.errors.ConfigError` here.
+    """
+    return StoreConfig.from_settings(**{"background_compaction": False, **settings_of(args)})
+
+
+def stored_partitions(uri: str, storage_options: dict[str, Any] | None) -> int | None:
+    """The number of partitions of the store at ``uri``, or None if there is no store there.
+
+    Read from the store's identity object through the storage layer alone: no cache is
+    opened and no file or directory is made, so a command can refuse a partition the store
+    does not have before it changes anything.
+    """
+    from kvlog.format.identity import decode_identity
+    from kvlog.storage import open_storage
+
+    directory = _local_dir(uri)
+    if directory is not None and not directory.is_dir():
+        return None
+    storage = open_storage(uri, storage_options)
+    try:
+        try:
+            data = storage.read(IDENTITY_NAME)
+        except FileNotFoundError:
+            return None
+        return decode_identity(data).partitions
+    finally:
+        storage.close()

@@ -3,18 +3,29 @@
 The group's offsets live in the store, like any :meth:`kvlog.Store.consumer`'s: a second
 ``kvlog consume URI GROUP`` prints only what was written since the first committed. Without
 ``--follow`` the command prints what the log holds past the group's position and exits;
-with it, it waits for new records (other processes' too) until interrupted. Offsets are
-committed after each printed poll, so an interrupted run resumes after the last record it
-printed (at least once: a record printed just before an interrupt may print again).
+with it, it waits for new records (other processes' too) until stopped. Each poll's lines
+are written and flushed before its offsets are committed, so every committed record is out
+of the process whatever stops it (at least once: a poll a SIGKILL catches between its flush
+and its commit prints again). SIGTERM and SIGINT stop it between polls, with what it printed
+committed (exit 143 and 130); a closed output pipe stops it without committing the poll it
+could not write (exit 141).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
+import sys
+import threading
+from typing import Any
 
-from kvlog.cli.common import Subparsers, add_store_arguments, open_store, writer_id
+from kvlog.cli.common import Subparsers, add_store_arguments, store_config, stored_partitions
 from kvlog.cli.encoding import InputError, escape_tsv, write_bytes
+from kvlog.consumer import Consumer
+from kvlog.errors import StoreNotFoundError
+from kvlog.log import open_log
+from kvlog.log.group_offsets import check_group
 from kvlog.log.records import Record
 
 __all__ = ["register", "format_record"]
@@ -55,21 +66,90 @@ def format_record(record: Record, output: str, as_hex: bool) -> str:
     return f"{record.partition}\t{record.offset}\t{record.timestamp_ms}\t{key}\t{value}"
 
 
+#: How long one poll of ``--follow`` waits for records: the longest a stop signal waits to be seen.
+_FOLLOW_POLL_S = 0.5
+
+#: The signals that stop ``consume`` between two polls, and the line each leaves on stderr.
+_STOP_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+
+
+class _StopRequest:
+    """Which stop signal (SIGINT, SIGTERM) arrived while ``consume`` ran, if any.
+
+    While installed, the two signals only set :attr:`signum`; the loop sees it between polls,
+    so a stop never falls inside a write or a commit: what was printed is committed, and
+    nothing else. Installed in the main thread only (Python runs handlers there alone).
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._saved: dict[int, Any] = {}
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def __enter__(self) -> _StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for signum in _STOP_SIGNALS:
+                self._saved[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._saved.items():
+            signal.signal(signum, handler)
+
+
+def _partitions(args: argparse.Namespace) -> list[int] | None:
+    """The ``--partition`` values, checked against the store's identity before it is opened:
+    one the store does not have, or one given twice, is a usage error."""
+    if not args.partition:
+        return None
+    given: list[int] = args.partition
+    twice = sorted({p for p in given if given.count(p) > 1})
+    if twice:
+        raise InputError(f"--partition {twice[0]} is given more than once")
+    count = stored_partitions(args.uri, args.storage_options)
+    if count is None:
+        raise StoreNotFoundError(f"no kvlog store at {args.uri!r}")
+    for p in given:
+        if not 0 <= p < count:
+            raise InputError(f"--partition {p} is not in [0, {count}): the store has {count} partitions")
+    return given
+
+
 def _cmd_consume(args: argparse.Namespace) -> int:
+    # Everything the arguments can be refused for is refused before the store is opened:
+    # opening writes the metadata cache, and refused input changes no file.
     if args.max_records <= 0:
         raise InputError(f"--max-records must be positive, not {args.max_records}")
-    kwargs = {"read_only": True} if args.no_commit else {"producer_id": writer_id()}
-    with open_store(args, create=False, **kwargs) as store, \
-            store.consumer(args.group, partitions=args.partition or None) as consumer:
-        while True:
-            records = consumer.poll(timeout_s=1.0 if args.follow else 0.0, max_records=args.max_records)
-            if records:
-                out = "".join(format_record(r, args.format, args.hex) + "\n" for r in records)
-                write_bytes(out.encode("utf-8"))
-                if not args.no_commit:
-                    consumer.commit()
-            elif not args.follow:
-                return 0
+    check_group(args.group)
+    config = store_config(args)
+    partitions = _partitions(args)
+    # No producer: offsets are commits of the log itself, and a producer would take over
+    # (fence) the one of an application writing through the same cache.
+    with _StopRequest() as stop:
+        the_log = open_log(args.uri, create=False, read_only=args.no_commit,
+                           storage_options=args.storage_options, config=config)
+        try:
+            with Consumer(the_log, args.group, partitions) as consumer:
+                while stop.signum is None:
+                    records = consumer.poll(timeout_s=_FOLLOW_POLL_S if args.follow else 0.0,
+                                            max_records=args.max_records)
+                    if records:
+                        out = "".join(format_record(r, args.format, args.hex) + "\n" for r in records)
+                        # Written and flushed before the commit: a committed offset is always
+                        # one whose record is out of this process, whatever stops it next
+                        # (a closed pipe raises here, before anything is committed).
+                        write_bytes(out.encode("utf-8"), flush=True)
+                        if not args.no_commit:
+                            consumer.commit()
+                    elif not args.follow:
+                        return 0
+        finally:
+            the_log.close()
+    print(f"kvlog: {_STOP_SIGNALS[signal.Signals(stop.signum)]}", file=sys.stderr)
+    return 128 + stop.signum
 
 
 def register(sub: Subparsers) -> None:

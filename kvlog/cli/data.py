@@ -10,7 +10,7 @@ from kvlog.cli.common import (
     add_store_arguments,
     open_store,
     refuse_to_create,
-    writer_id,
+    store_config,
 )
 from kvlog.cli.encoding import (
     InputError,
@@ -21,6 +21,9 @@ from kvlog.cli.encoding import (
     read_source,
     write_bytes,
 )
+from kvlog.config import KEY_BYTES_LIMIT
+from kvlog.errors import InvalidRecordError
+from kvlog.log.records import to_key
 
 __all__ = ["register"]
 
@@ -59,19 +62,38 @@ def _inputs(args: argparse.Namespace, names: tuple[str, ...]) -> list[bytes]:
     return out
 
 
+def _check_key(key: bytes, limit: int) -> None:
+    """:class:`InvalidRecordError` for a key the store refuses (empty, longer than ``limit``),
+    raised before the store is opened so that a refused key changes no file."""
+    to_key(key, limit)
+
+
+def _check_record(key: bytes, value: bytes, args: argparse.Namespace) -> None:
+    """:class:`InvalidRecordError` for a put the store refuses, by the limits it opens with
+    (``max_key_bytes``, ``max_record_bytes``, defaults or ``--set``), before it is opened."""
+    config = store_config(args)
+    _check_key(key, config.max_key_bytes)
+    size = len(key) + len(value)
+    if size > config.max_record_bytes:
+        raise InvalidRecordError(
+            f"a record of {size} bytes is larger than max_record_bytes={config.max_record_bytes}")
+
+
 def _cmd_put(args: argparse.Namespace) -> int:
     key, value = _inputs(args, ("KEY", "VALUE"))  # read before anything is created
+    _check_record(key, value, args)
     refusal = refuse_to_create(args.uri, args.create)
     if refusal is not None:
         print(f"kvlog: {refusal}", file=sys.stderr)
         return 1
-    with open_store(args, producer_id=writer_id()) as store:
+    with open_store(args) as store:
         store.put(key, value, sync=True)
     return 0
 
 
 def _cmd_get(args: argparse.Namespace) -> int:
     (key,) = _inputs(args, ("KEY",))
+    _check_key(key, KEY_BYTES_LIMIT)  # reads take any key a store may hold
     with open_store(args, create=False, read_only=True) as store:
         value = store.get(key)
     if value is None:
@@ -91,7 +113,10 @@ def _cmd_get(args: argparse.Namespace) -> int:
 
 def _cmd_delete(args: argparse.Namespace) -> int:
     (key,) = _inputs(args, ("KEY",))
-    with open_store(args, create=False, producer_id=writer_id()) as store:
+    # A longer key than max_key_bytes may still be deleted if the store holds it, which only
+    # the store can tell; every key longer than any store holds is refused here.
+    _check_key(key, KEY_BYTES_LIMIT)
+    with open_store(args, create=False) as store:
         store.delete(key, sync=True)
     return 0
 

@@ -144,8 +144,9 @@ def record_from_json(obj: Mapping[str, str]) -> tuple[bytes, bytes]:
     return field("key"), field("value")
 
 
-def write_bytes(data: bytes) -> None:
-    """Write ``data`` to stdout as bytes.
+def write_bytes(data: bytes, *, flush: bool = False) -> None:
+    """Write ``data`` to stdout as bytes; with ``flush``, all of it has left this process
+    (a closed pipe raises :class:`BrokenPipeError`) when this returns.
 
     A text-only stdout (one with no ``buffer``, such as ``io.StringIO`` in a doctest) gets
     the bytes decoded as UTF-8, with ``\\xNN`` for bytes that are not.
@@ -154,6 +155,10 @@ def write_bytes(data: bytes) -> None:
     buffer = getattr(stream, "buffer", None)
     if buffer is None:
         stream.write(data.decode("utf-8", errors="backslashreplace"))
+        if flush:
+            stream.flush()
         return
     stream.flush()
     buffer.write(data)
+    if flush:
+        buffer.flush()
