@@ -33,9 +33,10 @@ from kvlog.errors import (
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import Commit, FileEntry, decode_commit, encode_commit
 from kvlog.format.datafile import decode_batch, make_record_batch
+from kvlog.format.envelope import decode_document
 from kvlog.index import runs_pending
 from kvlog.log.checkpoints import newest_checkpoint
-from kvlog.log.naming import LOG_PREFIX, commit_name, parse_log_name
+from kvlog.log.naming import LOG_PREFIX, checkpoint_name, commit_name, parse_log_name
 from kvlog.log.replay import apply_commit, apply_stray
 from kvlog.log.waiting import CommitSignal
 from kvlog.meta import CommitOutcome, MetaTxn
@@ -44,7 +45,7 @@ from kvlog.storage import Storage
 if TYPE_CHECKING:
     from kvlog.log.log import Log
 
-__all__ = ["Committer", "OwnBatches", "link_broken"]
+__all__ = ["Committer", "OwnBatches", "followed_by", "link_broken"]
 
 log = logging.getLogger("kvlog.log")
 
@@ -322,6 +323,12 @@ class Committer:
         try:
             data = the_log.storage.read(name)
         except FileNotFoundError:
+            if applied is not None and applied[0] == version and \
+                    followed_by(the_log.storage, version, applied[1]):
+                # Collected below a checkpoint under a successor that follows it: storage holds
+                # this cache's history, which is merely behind (the write at the next version is
+                # refused as taken, and the retry applies what landed).
+                return applied[1]
             if newest_checkpoint(the_log.storage) > version:
                 # Reloading the cache in place would empty the key index under concurrent reads.
                 raise StorageBehindError(
@@ -409,7 +416,8 @@ class Committer:
             else:
                 follows = decode_commit(name, data).commit_id == commit.previous_id
         except FileNotFoundError:
-            follows = self._collected_after(commit, own)
+            follows = followed_by(storage, commit.version, commit.commit_id) or \
+                self._collected_after(commit, own)
         if follows:
             self._linked = self._own_head = (commit.version, commit.commit_id)
             return
@@ -468,6 +476,31 @@ class Committer:
         raise CommitStateUnknownError(
             f"could not learn whether {name} landed; reopen the store before resending"
         ) from last
+
+
+def followed_by(storage: Storage, version: int, commit_id: str) -> bool:
+    """Whether storage's history holds commit ``commit_id`` at ``version``, shown by a later
+    commit or checkpoint that names it: commit ``version + 1`` follows it (its ``prev``), or
+    checkpoint ``version`` describes it.
+
+    Commit GC collects a commit only below a checkpoint and keeps the commit right below the
+    newest checkpoint (:mod:`kvlog.log.gc`), so when a commit a reader or writer relied on is
+    missing, what followed it is usually still there to say whether it was collected (its
+    history goes on) or put out of the history (a restore, a version GC had freed). False
+    when nothing in storage names it, which decides nothing either way.
+    """
+    after = commit_name(version + 1)
+    try:
+        if decode_commit(after, storage.read(after)).previous_id == commit_id:
+            return True
+    except FileNotFoundError:
+        pass
+    name = checkpoint_name(version)
+    try:
+        body = decode_document(name, storage.read(name), "checkpoint")
+    except FileNotFoundError:
+        return False
+    return body.get("commit_id") == commit_id
 
 
 def link_broken(storage: Storage, version: int, before: tuple[int, str, int]) -> str | None:

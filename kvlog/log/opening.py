@@ -28,7 +28,7 @@ from kvlog.format.checksum import crc32c
 from kvlog.format.identity import IDENTITY_NAME, Identity, decode_identity, encode_identity
 from kvlog.index import check_cache_file
 from kvlog.log.checkpoints import load_checkpoint, newest_checkpoint
-from kvlog.log.committer import link_broken
+from kvlog.log.committer import followed_by, link_broken
 from kvlog.log.log import Log
 from kvlog.log.naming import commit_name
 from kvlog.log.pinned_open import open_pinned
@@ -246,12 +246,12 @@ def _cache_matches_storage(the_log: Log) -> bool:
     applied: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_commit())
     if applied is None:
         return True
-    version, _commit_id, crc = applied
+    version, commit_id, crc = applied
     name = commit_name(version)
     try:
         data = the_log.storage.read(name)
     except FileNotFoundError:
-        return newest_checkpoint(the_log.storage) > version
+        return followed_by(the_log.storage, version, commit_id) or newest_checkpoint(the_log.storage) > version
     if crc32c(data) != crc:
         return False
     before: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_before())
