@@ -44,9 +44,18 @@ from kvlog.storage import Storage
 if TYPE_CHECKING:
     from kvlog.log.log import Log
 
-__all__ = ["Committer", "OwnBatches", "followed_by", "link_broken"]
+__all__ = ["Committer", "OwnBatches", "followed_by", "left_behind", "link_broken"]
 
 log = logging.getLogger("kvlog.log")
+
+#: Why a cache that fell behind commit GC cannot write: the commits after its head are gone.
+#: The store's history is whole (a fresh open loads the newest checkpoint); reloading the cache
+#: in place would empty its key index under this process's reads, so it says what to do.
+_BEHIND_WINDOW = (
+    "this cache fell behind the commit retention window (the commits after the newest one it "
+    "applied were collected below a newer checkpoint); nothing was {done}: reopen the store "
+    "to catch up from the checkpoint, or keep commits longer with a larger commit_retention_ms"
+)
 
 #: The record batches a writer already holds for its own commit, by (file id, batch index):
 #: applying that commit indexes them without reading the file back.
@@ -172,7 +181,15 @@ class Committer:
         try:
             holds = crc32c(the_log.storage.read(name)) == applied[2]
         except FileNotFoundError:
+            if newest_checkpoint(the_log.storage) > commit.version:
+                # The commit this cache applied was taken back by its writer (it had landed in
+                # a version commit GC freed) and the history it left was collected below a
+                # checkpoint: the store is whole, this cache is behind it.
+                raise StorageBehindError(commit_name(commit.version),
+                                         _BEHIND_WINDOW.format(done="written")) from None
             holds = False
+        if holds and left_behind(the_log.storage, applied[0]):
+            raise StorageBehindError(name, _BEHIND_WINDOW.format(done="written"))
         if holds:
             log.warning("commit %s does not follow %s (written after a gap, when the root was "
                         "restored): refused", commit_name(commit.version), name)
@@ -332,11 +349,7 @@ class Committer:
                 return applied[1]
             if newest_checkpoint(the_log.storage) > version:
                 # Reloading the cache in place would empty the key index under concurrent reads.
-                raise StorageBehindError(
-                    name, "this cache fell behind the commit retention window (commits it has not "
-                    "applied were collected after a checkpoint); nothing was written: reopen the "
-                    "store to catch up from the checkpoint",
-                ) from None
+                raise StorageBehindError(name, _BEHIND_WINDOW.format(done="written")) from None
             raise StorageBehindError(
                 name, "the newest commit this cache applied is missing from storage (restored from an "
                 "older copy, or damaged); nothing was written: reopen the store to rebuild its cache "
@@ -444,9 +457,8 @@ class Committer:
         if missing and newest_checkpoint(storage) > previous:
             # Commit GC collected the history up to a checkpoint past this cache's head and
             # freed the version this commit took: the cache is behind, not of a lost history.
-            reason = (f"was collected after a checkpoint before {own} landed after it (this cache "
-                      "fell behind the commit retention window); nothing was acknowledged: "
-                      "reopen the store to catch up from the checkpoint")
+            reason = f"was collected before {own} landed after it: " + \
+                _BEHIND_WINDOW.format(done="acknowledged")
         else:
             reason = (f"is no longer the commit {own} follows (the storage root was restored "
                       "while the commit was on its way); nothing was acknowledged: reopen the store "
@@ -506,6 +518,20 @@ def followed_by(storage: Storage, version: int, commit_id: str) -> bool:
         return decode_commit(after, storage.read(after)).previous_id == commit_id
     except FileNotFoundError:
         return False
+
+
+def left_behind(storage: Storage, version: int) -> bool:
+    """Whether commit ``version``, which the commit after it does not name, lies outside the
+    store's history in a version commit GC freed (a writer behind the retention window wrote it
+    there, and takes it back once it sees that), rather than the commit after it following a gap.
+
+    Commit GC collects commits oldest first, only below a checkpoint: with the commit before
+    ``version`` collected and a checkpoint past the next one, no reader of the history crosses
+    either commit, and a cache that applied ``version`` is behind that checkpoint.
+    """
+    if version > 1 and storage.exists(commit_name(version - 1)):
+        return False
+    return newest_checkpoint(storage) > version + 1
 
 
 def link_broken(storage: Storage, version: int, before: tuple[int, str, int]) -> str | None:
