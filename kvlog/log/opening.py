@@ -114,6 +114,17 @@ def open_log(
             log.warning("metadata cache at %s was damaged (%s): rebuilt from storage", env.path, e.reason)
             the_log.index.reopened()
             _catch_up(the_log)
+        except StorageBehindError:
+            # Replay met a commit that a writer behind the commit retention window put in a
+            # version GC had freed, followed by the history's own: rebuilt from the newest
+            # checkpoint (past both), as a fresh cache starts.
+            if newest_checkpoint(the_log.storage) <= the_log.version:
+                raise
+            log.warning("metadata cache at %s replayed a commit outside the history (written "
+                        "behind the commit retention window): rebuilt from the newest checkpoint",
+                        env.path)
+            _reset_cache(the_log)
+            _catch_up(the_log)
     except BaseException:
         the_log.close()
         raise
@@ -277,3 +288,20 @@ def _left_in_freed_version(the_log: Log, commit: Commit) -> bool:
     if not the_log.storage.exists(after) or followed_by(the_log.storage, commit.version, commit.commit_id):
         return False
     return left_behind(the_log.storage, commit.version)
+
+
+def _reset_cache(the_log: Log) -> None:
+    """Empty the metadata cache (keeping the store's identity and producer id) so that the
+    next catch-up loads the newest checkpoint."""
+    uuid = the_log.identity.store_uuid.encode()
+
+    def reset(txn: Any) -> None:
+        meta = MetaTxn(the_log.env, txn)
+        producer_id = meta.get_meta("store_producer_id")
+        meta.clear()
+        meta.put_meta("uuid", uuid)
+        meta.put_meta("index_ready", b"1")
+        if producer_id is not None:
+            meta.put_meta("store_producer_id", producer_id)
+
+    the_log.env.write(reset)

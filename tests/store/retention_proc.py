@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 import kvlog
 from kvlog.errors import KvlogError
 
-SETTINGS = {"flush_interval_ms": 0, "background_compaction": False, "commit_retention_ms": 0,
+SETTINGS: dict[str, Any] = {"flush_interval_ms": 0, "background_compaction": False, "commit_retention_ms": 0,
             "file_delete_delay_ms": 1000, "partitions": 2}
 
 

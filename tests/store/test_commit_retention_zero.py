@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from root_surgery import QUIET, is_commit
@@ -28,13 +29,13 @@ from kvlog.log.naming import commit_name
 from kvlog.storage import LocalStorage
 from kvlog.storage.base import BytesLike
 
-SETTINGS = {**QUIET, "commit_retention_ms": 0, "checkpoint_interval": 1000}
+SETTINGS: dict[str, Any] = {**QUIET, "commit_retention_ms": 0, "checkpoint_interval": 1000}
 HERE = Path(__file__).parent
 
 
 def _commit_up_to(store: kvlog.Store, version: int, prefix: str) -> list[bytes]:
     """Write keys (each acknowledged) until ``store`` is at ``version``; the keys written."""
-    keys = []
+    keys: list[bytes] = []
     while store.log.version < version:
         key = f"{prefix}{len(keys)}".encode()
         store.put(key, key, sync=True)
@@ -223,7 +224,7 @@ def test_a_cache_that_applied_a_commit_written_in_a_freed_version_is_told_to_reo
             assert again.get(b"stray") is None and again.get(b"next") is None
 
 
-def _soak(tmp_path: Path, seconds: float) -> list[dict[str, object]]:
+def _soak(tmp_path: Path, seconds: float) -> list[dict[str, Any]]:
     """Two processes write, checkpoint and collect with retention 0 for ``seconds``; each
     one's report (:mod:`retention_proc`)."""
     root = tmp_path / "root"
@@ -232,7 +233,7 @@ def _soak(tmp_path: Path, seconds: float) -> list[dict[str, object]]:
     procs = [subprocess.Popen([sys.executable, str(HERE / "retention_proc.py"), str(root),
                                str(tmp_path / f"cache-{name}"), name, str(seconds)],
                               stdout=subprocess.PIPE, env=env, text=True) for name in ("a", "b")]
-    reports = []
+    reports: list[dict[str, Any]] = []
     for proc in procs:
         out, _ = proc.communicate(timeout=120 + seconds)
         assert proc.returncode == 0
@@ -252,7 +253,7 @@ def test_two_processes_writing_checkpointing_and_collecting_with_retention_zero_
         for error in report["errors"]:
             assert "restored" not in error and "commit_retention_ms" in error, error
         assert report["acked"]
-    acked = [key.encode() for report in reports for key in report["acked"]]  # type: ignore[union-attr]
+    acked = [key.encode() for report in reports for key in report["acked"]]
     for cache in ("cache-a", "cache-b", "fresh"):
         with kvlog.open(tmp_path / "root", cache_dir=tmp_path / cache, **SETTINGS) as again:
             missing = [k for k in acked if again.get(k) != k]
