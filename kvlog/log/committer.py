@@ -35,7 +35,7 @@ from kvlog.format.commit import Commit, FileEntry, decode_commit, encode_commit
 from kvlog.format.datafile import decode_batch, make_record_batch
 from kvlog.index import runs_pending
 from kvlog.log.checkpoints import newest_checkpoint
-from kvlog.log.naming import LOG_PREFIX, commit_name, parse_log_name
+from kvlog.log.naming import commit_name
 from kvlog.log.replay import apply_commit, apply_stray
 from kvlog.log.waiting import CommitSignal
 from kvlog.meta import CommitOutcome, MetaTxn
@@ -44,9 +44,18 @@ from kvlog.storage import Storage
 if TYPE_CHECKING:
     from kvlog.log.log import Log
 
-__all__ = ["Committer", "OwnBatches", "link_broken"]
+__all__ = ["Committer", "OwnBatches", "followed_by", "left_behind", "link_broken"]
 
 log = logging.getLogger("kvlog.log")
+
+#: Why a cache that fell behind commit GC cannot write: the commits after its head are gone.
+#: The store's history is whole (a fresh open loads the newest checkpoint); reloading the cache
+#: in place would empty its key index under this process's reads, so it says what to do.
+_BEHIND_WINDOW = (
+    "this cache fell behind the commit retention window (the commits after the newest one it "
+    "applied were collected below a newer checkpoint); nothing was {done}: reopen the store "
+    "to catch up from the checkpoint, or keep commits longer with a larger commit_retention_ms"
+)
 
 #: The record batches a writer already holds for its own commit, by (file id, batch index):
 #: applying that commit indexes them without reading the file back.
@@ -172,7 +181,15 @@ class Committer:
         try:
             holds = crc32c(the_log.storage.read(name)) == applied[2]
         except FileNotFoundError:
+            if newest_checkpoint(the_log.storage) > commit.version:
+                # The commit this cache applied was taken back by its writer (it had landed in
+                # a version commit GC freed) and the history it left was collected below a
+                # checkpoint: the store is whole, this cache is behind it.
+                raise StorageBehindError(commit_name(commit.version),
+                                         _BEHIND_WINDOW.format(done="written")) from None
             holds = False
+        if holds and left_behind(the_log.storage, applied[0]):
+            raise StorageBehindError(name, _BEHIND_WINDOW.format(done="written"))
         if holds:
             log.warning("commit %s does not follow %s (written after a gap, when the root was "
                         "restored): refused", commit_name(commit.version), name)
@@ -234,7 +251,7 @@ class Committer:
                 name = commit_name(version)
                 if own:
                     self._own[commit.commit_id] = own
-                created = False
+                created = checked = False
                 decided: CommitOutcome | None = None
                 try:
                     data = encode_commit(commit)
@@ -252,15 +269,17 @@ class Committer:
                         created = True  # it landed, its answer was lost
                         the_log.refresh()
                     else:
+                        # Checked before it is applied here: a commit that landed in a version
+                        # commit GC had freed is taken back before this cache ever applies it.
+                        self._check_follows(commit, version - 1, head)
+                        checked = True
                         decided = self._apply_created(decode_commit(name, data), crc32c(data))
                 finally:
                     self._own.pop(commit.commit_id, None)
                 done = decided if decided is not None else self.outcome(commit.commit_id)
                 if done is not None:
-                    if created:
-                        self._unverified = (commit, version - 1, head)
-                        self._verify_follows(commit, version - 1, head)
-                        self._unverified = None
+                    if created and not checked:
+                        self._check_follows(commit, version - 1, head)
                     the_log.maybe_checkpoint()
                     return done
             if last_error is not None and storage_errors == retries:
@@ -322,13 +341,15 @@ class Committer:
         try:
             data = the_log.storage.read(name)
         except FileNotFoundError:
+            if applied is not None and applied[0] == version and \
+                    followed_by(the_log.storage, version, applied[1]):
+                # Collected below a checkpoint under a successor that follows it: storage holds
+                # this cache's history, which is merely behind (the write at the next version is
+                # refused as taken, and the retry applies what landed).
+                return applied[1]
             if newest_checkpoint(the_log.storage) > version:
                 # Reloading the cache in place would empty the key index under concurrent reads.
-                raise StorageBehindError(
-                    name, "this cache fell behind the commit retention window (commits it has not "
-                    "applied were collected after a checkpoint); nothing was written: reopen the "
-                    "store to catch up from the checkpoint",
-                ) from None
+                raise StorageBehindError(name, _BEHIND_WINDOW.format(done="written")) from None
             raise StorageBehindError(
                 name, "the newest commit this cache applied is missing from storage (restored from an "
                 "older copy, or damaged); nothing was written: reopen the store to rebuild its cache "
@@ -384,6 +405,14 @@ class Committer:
                 "that commit was on its way); nothing was written: reopen the store to rebuild its cache",
             )
 
+    def _check_follows(self, commit: Commit, previous: int,
+                       head: tuple[int, tuple[int, str, int] | None]) -> None:
+        """:meth:`_verify_follows`, remembered as unverified until it decides (a check that
+        raised before deciding is made again before this cache is trusted)."""
+        self._unverified = (commit, previous, head)
+        self._verify_follows(commit, previous, head)
+        self._unverified = None
+
     def _verify_follows(self, commit: Commit, previous: int,
                         head: tuple[int, tuple[int, str, int] | None]) -> None:
         """After ``commit`` landed: check that the commit it follows is still in storage, so it
@@ -401,6 +430,7 @@ class Committer:
         name = commit_name(previous)
         own = commit_name(commit.version)
         known = head[1] if head[0] == previous else None
+        missing = False
         try:
             data = storage.read(name)
             if known is not None and known[0] == previous and known[1] == commit.previous_id \
@@ -409,49 +439,52 @@ class Committer:
             else:
                 follows = decode_commit(name, data).commit_id == commit.previous_id
         except FileNotFoundError:
-            follows = self._collected_after(commit, own)
+            missing = True
+            follows = followed_by(storage, commit.version, commit.commit_id) or \
+                self._collected_after(own)
         if follows:
             self._linked = self._own_head = (commit.version, commit.commit_id)
             return
+        taken_back = False
         try:
             if decode_commit(own, storage.read(own)).commit_id == commit.commit_id:
                 storage.delete(own)
+                taken_back = True
         except (FileNotFoundError, KvlogError) as e:
             log.warning("could not take back commit %s written after a gap: %s", own, e)
-        self._gap = (name, f"is no longer the commit {own} follows (the storage root was restored "
-                     "while the commit was on its way); nothing was acknowledged: reopen the store "
-                     "to rebuild its cache")
         self._unverified = None
-        raise StorageBehindError(*self._gap)
+        applied = self._log.snapshot(lambda r: r.applied_commit())
+        if missing and newest_checkpoint(storage) > previous:
+            # Commit GC collected the history up to a checkpoint past this cache's head and
+            # freed the version this commit took: the cache is behind, not of a lost history.
+            reason = f"was collected before {own} landed after it: " + \
+                _BEHIND_WINDOW.format(done="acknowledged")
+        else:
+            reason = (f"is no longer the commit {own} follows (the storage root was restored "
+                      "while the commit was on its way); nothing was acknowledged: reopen the store "
+                      "to rebuild its cache")
+        if not taken_back or (applied is not None and applied[0] >= commit.version):
+            # This cache applied the commit, or may yet (it is still in storage): out of date
+            # for good.
+            self._gap = (name, reason)
+        raise StorageBehindError(name, reason)
 
-    def _collected_after(self, commit: Commit, own: str) -> bool:
-        """Whether the missing predecessor of ``commit`` (which landed as ``own``) was collected
-        after ``commit`` landed, rather than before.
+    def _collected_after(self, own: str) -> bool:
+        """Whether the missing predecessor of commit ``own``, which no later commit names, was
+        collected after ``own`` landed (False: ``own`` took a version commit GC had freed).
 
-        Commit GC removes only commits below a checkpoint, so a missing predecessor is covered by
-        a checkpoint at ``commit.version`` or later. Either that checkpoint was written by a cache
-        that applied ``commit`` (it is newer than ``own``: the commit is history every reader
-        crosses), or it already existed when ``commit`` was written: the version was a name GC
-        had freed, after the commit first written there was collected, and no reader that starts
-        from the checkpoint ever reads ``commit``. Storage times decide; a tie (stores that keep
-        whole seconds) leaves the outcome unknown and the commit unacknowledged.
+        Commit GC deletes oldest first and keeps the commit right below the newest checkpoint,
+        so once the predecessor is gone the commit after ``own`` exists, and it goes only after
+        ``own``. While ``own`` is still there, nothing names it: it landed in a freed version.
+        Once ``own`` is gone too, whether a reader ever crossed it cannot be told.
         """
-        storage = self._log.storage
-        listing = {info.name: info for info in storage.list(LOG_PREFIX)}
-        covering = [info.mtime_ms for name, info in listing.items()
-                    for parsed in [parse_log_name(name)]
-                    if parsed and parsed[1] == "checkpoint" and parsed[0] >= commit.version]
-        if not covering or own not in listing:
+        if self._log.storage.exists(own):
             return False
-        first = min(covering)
-        landed = listing[own].mtime_ms
-        if first == landed:
-            raise CommitStateUnknownError(
-                f"commit {own} and a checkpoint covering it carry the same storage time: whether the "
-                "commit landed in a version commit GC had freed cannot be told; nothing was "
-                "acknowledged: reopen the store and read back what it holds"
-            )
-        return first > landed
+        raise CommitStateUnknownError(
+            f"commit {own} and the commits around it were collected before its writer could check "
+            "that it follows the commit before it; nothing was acknowledged: reopen the store and "
+            "read back what it holds"
+        )
 
     def _landed(self, name: str, commit_id: str, cause: StorageError) -> bool:
         """After a failed put-if-absent: whether our commit is there (re-read until known)."""
@@ -468,6 +501,37 @@ class Committer:
         raise CommitStateUnknownError(
             f"could not learn whether {name} landed; reopen the store before resending"
         ) from last
+
+
+def followed_by(storage: Storage, version: int, commit_id: str) -> bool:
+    """Whether storage's history holds commit ``commit_id`` at ``version``, shown by the next
+    commit, which names it as the commit it follows (its ``prev``).
+
+    Commit GC collects a commit only below a checkpoint and keeps the commit right below the
+    newest checkpoint (:mod:`kvlog.log.gc`), so when a commit a reader or writer relied on is
+    missing, what followed it is usually still there to say whether it was collected (its
+    history goes on) or put out of the history (a restore, a version GC had freed). False
+    when nothing in storage names it, which decides nothing either way.
+    """
+    after = commit_name(version + 1)
+    try:
+        return decode_commit(after, storage.read(after)).previous_id == commit_id
+    except FileNotFoundError:
+        return False
+
+
+def left_behind(storage: Storage, version: int) -> bool:
+    """Whether commit ``version``, which the commit after it does not name, lies outside the
+    store's history in a version commit GC freed (a writer behind the retention window wrote it
+    there, and takes it back once it sees that), rather than the commit after it following a gap.
+
+    Commit GC collects commits oldest first, only below a checkpoint: with the commit before
+    ``version`` collected and a checkpoint past the next one, no reader of the history crosses
+    either commit, and a cache that applied ``version`` is behind that checkpoint.
+    """
+    if version > 1 and storage.exists(commit_name(version - 1)):
+        return False
+    return newest_checkpoint(storage) > version + 1
 
 
 def link_broken(storage: Storage, version: int, before: tuple[int, str, int]) -> str | None:

@@ -95,7 +95,11 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
         commits_contiguous = True
         named = sorted(((parsed, info) for parsed, info in entries if parsed is not None), key=lambda e: e[0])
         for (at, kind), info in named:
-            due = at < newest and info.mtime_ms < horizon and info.name not in kept
+            # The commit right below the newest checkpoint stays with the checkpoint's own: a
+            # writer that landed the checkpoint's commit, or a cache at the version below it,
+            # reads it to tell its history was collected (the next commit names it), not lost.
+            due = at < (newest - 1 if kind == "commit" else newest) and info.mtime_ms < horizon \
+                and info.name not in kept
             if kind == "commit":
                 commits_contiguous = commits_contiguous and due
                 due = commits_contiguous

@@ -25,10 +25,11 @@ from kvlog.errors import (
     StoreNotFoundError,
 )
 from kvlog.format.checksum import crc32c
+from kvlog.format.commit import Commit, decode_commit
 from kvlog.format.identity import IDENTITY_NAME, Identity, decode_identity, encode_identity
 from kvlog.index import check_cache_file
 from kvlog.log.checkpoints import load_checkpoint, newest_checkpoint
-from kvlog.log.committer import link_broken
+from kvlog.log.committer import followed_by, left_behind, link_broken
 from kvlog.log.log import Log
 from kvlog.log.naming import commit_name
 from kvlog.log.pinned_open import open_pinned
@@ -112,6 +113,17 @@ def open_log(
                 raise
             log.warning("metadata cache at %s was damaged (%s): rebuilt from storage", env.path, e.reason)
             the_log.index.reopened()
+            _catch_up(the_log)
+        except StorageBehindError:
+            # Replay met a commit that a writer behind the commit retention window put in a
+            # version GC had freed, followed by the history's own: rebuilt from the newest
+            # checkpoint (past both), as a fresh cache starts.
+            if newest_checkpoint(the_log.storage) <= the_log.version:
+                raise
+            log.warning("metadata cache at %s replayed a commit outside the history (written "
+                        "behind the commit retention window): rebuilt from the newest checkpoint",
+                        env.path)
+            _reset_cache(the_log)
             _catch_up(the_log)
     except BaseException:
         the_log.close()
@@ -246,14 +258,50 @@ def _cache_matches_storage(the_log: Log) -> bool:
     applied: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_commit())
     if applied is None:
         return True
-    version, _commit_id, crc = applied
+    version, commit_id, crc = applied
     name = commit_name(version)
     try:
         data = the_log.storage.read(name)
     except FileNotFoundError:
-        return newest_checkpoint(the_log.storage) > version
+        after = commit_name(version + 1)
+        try:
+            following = decode_commit(after, the_log.storage.read(after))
+        except FileNotFoundError:
+            return newest_checkpoint(the_log.storage) > version
+        # The next commit decides: collected history goes on from the commit the cache applied;
+        # a next commit naming another one follows a history this cache left (it applied a
+        # commit that its writer took back, or the root was restored). A next commit its
+        # writer left in a version GC had freed (it died before taking it back) leads nowhere.
+        return following.previous_id == commit_id and not _left_in_freed_version(the_log, following)
     if crc32c(data) != crc:
         return False
+    if _left_in_freed_version(the_log, decode_commit(name, data)):
+        return False  # the cache applied a commit its writer wrote in a version GC had freed
     before: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_before())
     return before is None or before[0] != version - 1 or link_broken(the_log.storage, version, before) is None
 
+
+def _left_in_freed_version(the_log: Log, commit: Commit) -> bool:
+    """Whether ``commit`` lies outside the history: the commit after it names another, and
+    it sits in a version commit GC freed (:func:`kvlog.log.committer.left_behind`)."""
+    after = commit_name(commit.version + 1)
+    if not the_log.storage.exists(after) or followed_by(the_log.storage, commit.version, commit.commit_id):
+        return False
+    return left_behind(the_log.storage, commit.version)
+
+
+def _reset_cache(the_log: Log) -> None:
+    """Empty the metadata cache (keeping the store's identity and producer id) so that the
+    next catch-up loads the newest checkpoint."""
+    uuid = the_log.identity.store_uuid.encode()
+
+    def reset(txn: Any) -> None:
+        meta = MetaTxn(the_log.env, txn)
+        producer_id = meta.get_meta("store_producer_id")
+        meta.clear()
+        meta.put_meta("uuid", uuid)
+        meta.put_meta("index_ready", b"1")
+        if producer_id is not None:
+            meta.put_meta("store_producer_id", producer_id)
+
+    the_log.env.write(reset)

@@ -66,7 +66,7 @@ class Backend:
 def store_settings(rng: random.Random) -> dict[str, Any]:
     """Small settings, so that flushes, merges, checkpoints and GC happen within seconds."""
     max_record = 64 * 1024
-    return {
+    settings = {
         "flush_interval_ms": rng.choice([5, 20, 60, 200]),
         "flush_bytes": rng.choice([2048, 16 * 1024, 1 << 20]),
         "max_unflushed_bytes": rng.choice([max_record, 4 * max_record]),
@@ -86,6 +86,10 @@ def store_settings(rng: random.Random) -> dict[str, Any]:
         "offset_map_bytes": rng.choice([2048, 128 << 20]),
         "commit_retries": 400,
     }
+    if rng.random() < 0.25:
+        # Commit GC keeps only the newest checkpoint, the commit below it and the ones after.
+        settings["commit_retention_ms"] = 0
+    return settings
 
 
 class World:
