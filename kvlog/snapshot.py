@@ -29,8 +29,8 @@ from kvlog.index import IndexEntry, IndexView, RecordExpired
 from kvlog.log import Log
 from kvlog.log.pins import Pin
 from kvlog.log.reader import DataFileMissing
-from kvlog.meta import MetaReader
 from kvlog.log.records import to_key
+from kvlog.meta import MetaReader
 
 __all__ = ["OpenScans", "Snapshot", "key_bound", "open_snapshot", "to_keys"]
 

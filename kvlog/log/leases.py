@@ -64,7 +64,8 @@ def take(the_log: Log, ttl_ms: int, listing: Callable[[MetaReader], _T]) -> tupl
         listed: list[_T] = []
         expires: list[int] = []
 
-        def build(next_version: int, version: int = version) -> Commit:
+        def build(next_version: int, version: int = version, listed: list[_T] = listed,
+                  expires: list[int] = expires) -> Commit:
             def at(r: MetaReader) -> tuple[int, tuple[int, str, int] | None, list[str], _T]:
                 return (r.version(), r.applied_commit(), sorted(e.path for _fid, e in r.iter_files()),
                         listing(r))
