@@ -216,18 +216,18 @@ class Log:
     def caught_up_past(self, batch: LiveBatch) -> bool:
         """After ``batch``'s data file was found missing: apply the commits that landed since
         (another process compacted, and its GC deleted the file once a newer commit replaced
-        it) and say whether ``batch`` is no longer live at the new version, so the caller reads
+        it) and say whether ``batch`` is not live at the new version, so the caller reads
         again from the same position. False when it is still live there (the file is lost:
         the caller raises) or when this log stays at one version (a named checkpoint's)."""
         if self.frozen_at is not None:
             return False
         self.refresh()
-        now = self.snapshot(lambda r: r.find_batch(batch.partition, batch.base))
-        return now is None or (now.path, now.position) != (batch.path, batch.position)
+        live = self.snapshot(lambda r: r.find_batch(batch.partition, batch.base))
+        return live is None or (live.path, live.position) != (batch.path, batch.position)
 
     def _caught_up(self, missing: DataFileMissing) -> bool:
         """After a data file was found missing under an index entry: apply the commits that
-        landed since; whether the newest version no longer lists the file (another process's
+        landed since; whether the newest version lists the file no more (another process's
         compaction replaced it: look the key up again), else it is lost."""
         if self.frozen_at is not None:
             return False

@@ -35,7 +35,7 @@ class NamedPin:
     commit_crc: int
     """The CRC32C of that commit's bytes."""
     expires_ms: int | None = None
-    """A read lease's expiry (ms since the epoch): past it, GC no longer keeps its files and
+    """A read lease's expiry (ms since the epoch): from it on, GC keeps none of its files and
     drops it. None: a named checkpoint, kept until deleted."""
 
     @property
