@@ -9,7 +9,9 @@ collection of old commits, and other processes see them once they refresh.
 
 A consumer starts at the group's committed offset of each partition, else at the partition's
 start (Kafka's ``auto.offset.reset=earliest``). A position below the start (compacted away)
-resumes at the start; offsets compaction removed are skipped. Two consumers of one group
+resumes at the start; offsets compaction removed are skipped. A consumer idle while another
+process compacted and collected the files its cache lists reads on from its positions
+(:meth:`kvlog.Log.read` catches up with the newer commits). Two consumers of one group
 (in one process or several) are not coordinated: each reads what it is given and the later
 ``commit`` wins.
 """

@@ -23,7 +23,7 @@ from kvlog.format.datafile import EXPIRES_VERSION
 from kvlog.index import clear_index, index_put_many
 from kvlog.index.write import index_put
 from kvlog.log import open_log
-from kvlog.meta import LiveBatch, MetaTxn
+from kvlog.meta import LiveBatch, MetaTxn, NamedPins
 from spark_ext.compaction import (
     NARROW_SCHEMA,
     REWRITE_SCHEMA,
@@ -183,6 +183,16 @@ def materialize(spark: Any, uri: str, output_path: str, *, storage_options: dict
     return {"path": output_path, "rows": written.count(), "columns": written.columns}
 
 
+def _unchanged_since(the_log: Any, version: int) -> bool:
+    """Whether the store holds what it held at ``version``: no commit since, or only the lease
+    the read took (``kvlog.log.leases``: a pin landing at ``version + 1`` names ``version``)."""
+    now = the_log.version
+    if now == version:
+        return True
+    return bool(now == version + 1 and the_log.snapshot(
+        lambda r: any(pin.is_lease and pin.version == version for pin in NamedPins(r).every())))
+
+
 def rebuild_index(spark: Any, uri: str, cache_dir: str | os.PathLike[str], *,
                   storage_options: dict[str, Any] | None = None, **settings: Any) -> dict[str, Any]:
     """Build the store's key index on Spark and bulk-load it, sorted, into the cache at ``cache_dir``.
@@ -230,7 +240,7 @@ def rebuild_index(spark: Any, uri: str, cache_dir: str | os.PathLike[str], *,
         if pending:
             load(pending)
             loaded += len(pending)
-        if the_log.version != version:
+        if not _unchanged_since(the_log, version):
             raise KvlogError("the store changed during the rebuild; run it again")
         the_log.env.write(lambda txn: MetaTxn(the_log.env, txn).put_meta("index_ready", b"1"))
         return {"cache_dir": os.fspath(cache_dir), "keys": loaded, "version": version}

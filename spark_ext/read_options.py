@@ -26,7 +26,7 @@ from typing import Any
 from kvlog.errors import ConfigError
 from spark_ext.options import STORAGE_PREFIX, storage_options_from, store_uri
 
-__all__ = ["EARLIEST", "LATEST", "READ_OPTIONS", "OffsetSpec", "ReadOptions", "check_known",
+__all__ = ["DEFAULT_LEASE_MS", "EARLIEST", "LATEST", "READ_OPTIONS", "OffsetSpec", "ReadOptions", "check_known",
            "offset_ranges", "parse_offsets", "parse_read_options"]
 
 #: Kafka's offset codes, per partition in the JSON form of ``startingOffsets``/``endingOffsets``.
@@ -36,7 +36,11 @@ LATEST = -1
 #: The options a batch read takes (as users spell them; Spark lower-cases them), besides
 #: every ``storage.*`` option.
 READ_OPTIONS: tuple[str, ...] = ("path", "uri", "view", "internal", "cache_dir", "now_ms", "checkpoint",
-                                 "startingOffsets", "endingOffsets", "latest_split_bytes")
+                                 "startingOffsets", "endingOffsets", "latest_split_bytes", "lease_ms")
+
+#: How long a batch read's lease keeps the files it reads from every process's GC, unless the
+#: read sets option ``lease_ms`` (see ``kvlog.log.leases``).
+DEFAULT_LEASE_MS = 3_600_000
 
 #: Options of other systems that users reach for, and what kvlog offers instead.
 _HINTS = {
@@ -75,6 +79,8 @@ class ReadOptions:
     #: View ``latest``: a kvlog partition of more stored bytes is read by several tasks
     #: (None: :data:`spark_ext.latest.LATEST_SPLIT_BYTES`).
     latest_split_bytes: int | None = None
+    #: How long the read's lease keeps its files from GC (ms); 0: the read takes no lease.
+    lease_ms: int = DEFAULT_LEASE_MS
 
     @property
     def storage(self) -> dict[str, Any] | None:
@@ -131,10 +137,16 @@ def parse_read_options(options: Mapping[str, Any], *, extra_known: Iterable[str]
         split = int(text) if text.strip().isdigit() else 0
         if split <= 0:
             raise ConfigError(f"option latest_split_bytes must be a positive integer, got {text!r}")
+    lease_ms = DEFAULT_LEASE_MS
+    if "lease_ms" in lowered:
+        lease_ms = _integer(str(lowered["lease_ms"]), "lease_ms")
+        if lease_ms < 0:
+            raise ConfigError(f"option lease_ms must be 0 (no lease) or a positive integer, got {lease_ms}")
     return ReadOptions(
         uri=store_uri(lowered), view=view, internal=internal, cache_dir=lowered.get("cache_dir") or None,
         now_ms=now_ms, checkpoint=checkpoint, starting_offsets=starting, ending_offsets=ending,
-        storage_options=tuple(sorted((storage_options_from(lowered) or {}).items())), latest_split_bytes=split)
+        storage_options=tuple(sorted((storage_options_from(lowered) or {}).items())), latest_split_bytes=split,
+        lease_ms=lease_ms)
 
 
 def parse_offsets(text: str, name: str) -> OffsetSpec:

@@ -1,8 +1,8 @@
 """Batch reads of the ``kvlog`` data source: the log view and the latest-state view.
 
 Planning happens on the driver at one commit version (the newest, or the one
-a named checkpoint keeps: option ``checkpoint``): the driver opens the store
-read-only, lists the live batches, drops those the pushed filters and the
+a named checkpoint keeps: option ``checkpoint``): the driver opens the store,
+lists the live batches, leases their files (below), drops those the pushed filters and the
 offsets options rule out (:mod:`spark_ext.pushdown`), and hands each input partition the
 batches it reads (view ``log``: one input partition per data file, read with
 one GET; view ``latest``: one per kvlog partition, since a key's records all
@@ -10,6 +10,13 @@ live in one partition, or several key-hash shares of a large one, see
 :mod:`spark_ext.latest`). Executors read Arrow batches themselves and yield
 ``pyarrow.RecordBatch`` of exactly the declared schema, without the rows the
 pushed key and offset filters rule out.
+
+A read of the newest version leases the files it lists (:mod:`kvlog.log.leases`): a ``pin``
+commit with an expiry, which every process's GC respects, so another process's compaction
+and GC during the read never take a file a task has yet to read. Spark gives a batch reader no
+call when its job ends, so the lease lasts option ``lease_ms`` (an hour by default) and GC
+drops it then. ``lease_ms=0`` takes none (a store the driver cannot write to): a task that
+then finds a file collected raises :class:`~kvlog.errors.CorruptDataError` saying so.
 """
 
 from __future__ import annotations
@@ -22,9 +29,10 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 
 from kvlog.clock import SystemClock
+from kvlog.errors import CorruptDataError
 from kvlog.format.bitmap import decode_offsets
 from kvlog.format.datafile import decode_batch
-from kvlog.log import open_log
+from kvlog.log import leases, open_log
 from kvlog.meta import LiveBatch
 from kvlog.storage import Storage, open_storage
 from spark_ext.latest import LATEST_SPLIT_BYTES, LatestShare, latest_shares, read_latest
@@ -33,7 +41,7 @@ from spark_ext.pushdown import Pruning, Ranges
 from spark_ext.read_options import offset_ranges, parse_read_options
 from spark_ext.schemas import LOG_ARROW, LOG_INTERNAL_ARROW, expires_column
 
-__all__ = ["KvlogPartition", "KvlogReader", "live_batches", "read_batches"]
+__all__ = ["KvlogPartition", "KvlogReader", "leased_batches", "live_batches", "read_batches"]
 
 
 def live_batches(uri: str, storage_options: dict[str, Any] | None, cache_dir: str | None = None, *,
@@ -49,6 +57,34 @@ def live_batches(uri: str, storage_options: dict[str, Any] | None, cache_dir: st
         return the_log.version, the_log.partitions, the_log.snapshot(collect)
     finally:
         the_log.close()
+
+
+def leased_batches(uri: str, storage_options: dict[str, Any] | None, cache_dir: str | None,
+                   lease_ms: int) -> tuple[int, int, list[LiveBatch], leases.Lease]:
+    """:func:`live_batches` at the newest version, with a lease of ``lease_ms`` on their files
+    (a commit: the driver opens the store writable)."""
+    the_log = open_log(uri, create=False, storage_options=storage_options,
+                       cache_dir=driver_cache_dir(uri, cache_dir), maintain_index=False)
+    try:
+        def collect(r: Any) -> list[LiveBatch]:
+            return [b for p in range(the_log.partitions) for b in r.iter_batches(p, 0)]
+
+        lease, batches = leases.take(the_log, lease_ms, collect)
+        return lease.version, the_log.partitions, batches, lease
+    finally:
+        the_log.close()
+
+
+def _collected(e: FileNotFoundError, lease_ms: int) -> CorruptDataError:
+    """What a task raises for a data file it found deleted."""
+    name = str(e.filename or (e.args[0] if e.args else "a data file"))
+    if lease_ms:
+        why = (f"the read's lease (option lease_ms={lease_ms}) expired before this task read it, "
+               "and GC in some process deleted it after a compaction replaced it; set a larger lease_ms")
+    else:
+        why = ("GC in another process deleted it after a compaction replaced it, and the read took "
+               "no lease (option lease_ms=0); set lease_ms to keep its files from GC until it ends")
+    return CorruptDataError(name, f"data file is missing: {why}")
 
 
 def _offsets(batch: LiveBatch) -> pa.Array:
@@ -76,11 +112,14 @@ class KvlogPartition(InputPartition):
     """The batches one task reads (``value``), and the offsets to read of each partition
     when the read has ``startingOffsets``/``endingOffsets``."""
 
-    def __init__(self, value: list[LiveBatch] | LatestShare, ranges: Ranges | None = None, whole_file: bool = True) -> None:
+    def __init__(self, value: list[LiveBatch] | LatestShare, ranges: Ranges | None = None, whole_file: bool = True,
+                 lease_ms: int = 0) -> None:
         super().__init__(value)
         self.ranges = ranges
         #: Whether the task reads every live batch of its file (one GET), or some (a ranged GET each).
         self.whole_file = whole_file
+        #: The read's lease (ms; 0: none), named when a file is found missing.
+        self.lease_ms = lease_ms
 
 
 class KvlogReader(DataSourceReader):
@@ -102,8 +141,13 @@ class KvlogReader(DataSourceReader):
         return self.pruning.push(filters)
 
     def partitions(self) -> list[InputPartition]:
-        _version, count, batches = live_batches(self.uri, self.storage_options, self.cache_dir,
-                                                checkpoint=self.checkpoint)
+        lease_ms = 0 if self.checkpoint is not None else self.read_options.lease_ms
+        if lease_ms:
+            _version, count, batches, _lease = leased_batches(self.uri, self.storage_options, self.cache_dir,
+                                                              lease_ms)
+        else:
+            _version, count, batches = live_batches(self.uri, self.storage_options, self.cache_dir,
+                                                    checkpoint=self.checkpoint)
         per_file: dict[str, int] = {}
         for b in batches:
             per_file[b.path] = per_file.get(b.path, 0) + 1
@@ -124,9 +168,9 @@ class KvlogReader(DataSourceReader):
         ordered = [items for _k, items in sorted(groups.items(), key=lambda kv: str(kv[0]))]
         if self.view == "latest":
             split = self.read_options.latest_split_bytes or LATEST_SPLIT_BYTES
-            return [KvlogPartition(share, ranges) for items in ordered for share in latest_shares(items, split)] or [
-                InputPartition(LatestShare(()))]
-        parts: list[InputPartition] = [KvlogPartition(items, ranges, len(items) == per_file[items[0].path])
+            return [KvlogPartition(share, ranges, lease_ms=lease_ms)
+                    for items in ordered for share in latest_shares(items, split)] or [InputPartition(LatestShare(()))]
+        parts: list[InputPartition] = [KvlogPartition(items, ranges, len(items) == per_file[items[0].path], lease_ms)
                                        for items in ordered]
         return parts or [InputPartition([])]
 
@@ -151,6 +195,8 @@ class KvlogReader(DataSourceReader):
                 kept = pruning.rows(batch, ranges)
                 if kept.num_rows:
                     yield kept
+        except FileNotFoundError as e:
+            raise _collected(e, getattr(partition, "lease_ms", 0)) from None
         finally:
             storage.close()
 

@@ -10,7 +10,8 @@ the file again, or discards the job). No commit ever makes live a file GC delete
 however long its writer was stalled. Commits older than the newest checkpoint by more
 than ``commit_retention_ms`` (storage time) go too. Named checkpoints
 (:mod:`kvlog.log.pins_named`) keep the files live at their version and that version's
-metadata checkpoint and commit.
+metadata checkpoint and commit; read leases (:mod:`kvlog.log.leases`) keep the files live at
+their version until they are released or expire by the clock of the process running GC.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvlog.errors import ReadOnlyError
 from kvlog.format.commit import Commit
+from kvlog.log.leases import drop_expired
 from kvlog.log.naming import DATA_PREFIX, LOG_PREFIX, commit_name, parse_log_name
 from kvlog.log.pins_named import kept_log_names, pinned_paths
 from kvlog.meta import MetaTxn
@@ -45,8 +47,8 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
     pending = dict(the_log.snapshot(lambda r: list(r.iter_pending())))
     live_paths = set(the_log.snapshot(lambda r: [e.path for _fid, e in r.iter_files()]))
     # Read after the pending paths: a pin this cache has not applied names only files live
-    # at a later version, never one pending here.
-    pinned = the_log.snapshot(pinned_paths)
+    # at a later version, never one pending here. A read lease expired by this clock keeps none.
+    pinned = the_log.snapshot(lambda r: pinned_paths(r, now))
     for path, due in pending.items():
         # A read view of this process may still read a file replaced after its commit.
         if due <= now and path not in pinned and not the_log.pins.protects(path):  # see kvlog.log.pins
@@ -77,6 +79,7 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
             candidates.append(info.name)
     if candidates:
         deleted["orphans"] += _collect_orphans(the_log, sorted(candidates))
+    drop_expired(the_log, now)  # read leases whose holders never released them (kvlog.log.leases)
     entries = [(parse_log_name(i.name), i) for i in storage.list(LOG_PREFIX)]
     # Named checkpoints keep their metadata checkpoint and commit. Applying every commit
     # listed first: a pin of a version older than a listed metadata checkpoint landed before it.

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from kvlog.log.log import Log
 
 __all__ = [
-    "Checkpoint", "NAME_BYTES_LIMIT", "apply_pin", "check_name", "create", "delete", "find", "kept_log_names",
+    "Checkpoint", "NAME_BYTES_LIMIT", "apply_pin", "check_name", "commit_at", "create", "delete", "find", "kept_log_names",
     "listed", "pinned_paths",
 ]
 
@@ -108,7 +108,7 @@ def create(the_log: Log, name: str) -> Checkpoint:
             if next_version != version + 1 or at != version:
                 raise _Moved
             if head is None or head[0] != version:
-                head = _commit_at(the_log, version)
+                head = commit_at(the_log, version)
             info = {"name": name, "version": version, "commit_id": head[1], "commit_crc": head[2],
                     "paths": paths}
             return Commit(next_version, commit_id, the_log.clock.now_ms(), "pin", info=info)
@@ -126,7 +126,7 @@ def create(the_log: Log, name: str) -> Checkpoint:
     raise CommitConflictError(f"other writers kept committing while checkpoint {name!r} was pinned; retry")
 
 
-def _commit_at(the_log: Log, version: int) -> tuple[int, str, int]:
+def commit_at(the_log: Log, version: int) -> tuple[int, str, int]:
     """``(version, id, CRC32C)`` of the commit storage holds at ``version``."""
     name = commit_name(version)
     try:
@@ -155,24 +155,27 @@ def delete(the_log: Log, name: str) -> None:
 def find(the_log: Log, name: str) -> Checkpoint | None:
     """Checkpoint ``name`` in this cache, if any."""
     pin: NamedPin | None = the_log.snapshot(lambda r: NamedPins(r).get(name))
-    return None if pin is None else _public(pin)
+    return None if pin is None or pin.is_lease else _public(pin)
 
 
 def listed(the_log: Log) -> list[Checkpoint]:
-    """Every named checkpoint in this cache, by name."""
+    """Every named checkpoint in this cache, by name (read leases are not checkpoints)."""
     pins: list[NamedPin] = the_log.snapshot(lambda r: list(NamedPins(r).every()))
-    return [_public(pin) for pin in pins]
+    return [_public(pin) for pin in pins if not pin.is_lease]
 
 
-def pinned_paths(r: MetaReader) -> set[str]:
-    """Every data file some named checkpoint keeps."""
-    return {path for pin in NamedPins(r).every() for path in pin.paths}
+def pinned_paths(r: MetaReader, now_ms: int | None = None) -> set[str]:
+    """Every data file some named checkpoint or read lease keeps; given ``now_ms``, a lease
+    expired at that time keeps none (``kvlog.log.leases``)."""
+    return {path for pin in NamedPins(r).every()
+            if now_ms is None or pin.expires_ms is None or pin.expires_ms > now_ms
+            for path in pin.paths}
 
 
 def kept_log_names(r: MetaReader) -> set[str]:
     """The metadata checkpoints the named checkpoints keep (one each; never their commits: see
-    the module docstring)."""
-    return {checkpoint_name(pin.version) for pin in NamedPins(r).every()}
+    the module docstring). A read lease keeps none: it is never opened."""
+    return {checkpoint_name(pin.version) for pin in NamedPins(r).every() if not pin.is_lease}
 
 
 def apply_pin(txn: MetaTxn, commit: Commit) -> str | None:

@@ -3,7 +3,8 @@
 A named checkpoint pins one version of the store: the data files live at that version and
 the metadata needed to open it are kept from garbage collection in every process, until the
 checkpoint is deleted. Key: the checkpoint's UTF-8 name. Value (sealed JSON): the version,
-the commit time that created it, and the paths of the data files live at that version.
+the commit time that created it, and the paths of the data files live at that version; a
+read lease (``kvlog.log.leases``) also its expiry time.
 They arrive through ``pin`` and ``unpin`` commits (:mod:`kvlog.log.pins_named`) and travel in
 the metadata checkpoints.
 """
@@ -33,10 +34,22 @@ class NamedPin:
     """The id of the commit at ``version``."""
     commit_crc: int
     """The CRC32C of that commit's bytes."""
+    expires_ms: int | None = None
+    """A read lease's expiry (ms since the epoch): from it on, GC keeps none of its files and
+    drops it. None: a named checkpoint, kept until deleted."""
+
+    @property
+    def is_lease(self) -> bool:
+        """Whether this is a read lease (``kvlog.log.leases``) rather than a named checkpoint."""
+        return self.expires_ms is not None
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "created_ms": self.created_ms, "paths": list(self.paths),
-                "commit_id": self.commit_id, "commit_crc": self.commit_crc}
+        out: dict[str, Any] = {"version": self.version, "created_ms": self.created_ms,
+                               "paths": list(self.paths), "commit_id": self.commit_id,
+                               "commit_crc": self.commit_crc}
+        if self.expires_ms is not None:
+            out["expires_ms"] = self.expires_ms
+        return out
 
     @classmethod
     def from_json(cls, name: str, obj: Any) -> NamedPin:
@@ -51,7 +64,10 @@ class NamedPin:
                 or not isinstance(commit_id, str) or not commit_id
                 or not isinstance(crc, int) or isinstance(crc, bool) or not 0 <= crc < 2**32):
             raise ValueError("a named checkpoint lacks its version, commit, time or paths")
-        return cls(name, version, created, tuple(paths), commit_id, crc)
+        expires = obj.get("expires_ms")
+        if expires is not None and (not isinstance(expires, int) or isinstance(expires, bool)):
+            raise ValueError("a read lease's expires_ms is an integer")
+        return cls(name, version, created, tuple(paths), commit_id, crc, expires)
 
 
 def _pin(key: bytes | memoryview, value: bytes | memoryview) -> NamedPin:
