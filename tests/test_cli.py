@@ -606,3 +606,18 @@ def test_console_examples_of_the_cli_page_run(tmp_path: Path) -> None:
             shown = done.stdout if done.stdout.endswith("\n") or not done.stdout else done.stdout + "\n"
             assert checker.check_output(expected, shown, doctest.ELLIPSIS), (
                 f"$ {command}\nexpected:\n{expected}got:\n{shown}")
+
+
+@pytest.mark.parametrize("module", ["kvlog", "kvlog.cli"])
+def test_python_dash_m_runs_the_command_line(module: str, tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    put = subprocess.run([sys.executable, "-m", module, "put", str(store), "k", "v"],
+                         capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    assert put.returncode == 0, put.stderr
+    got = subprocess.run([sys.executable, "-m", module, "get", str(store), "k"],
+                         capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    assert (got.returncode, got.stdout) == (0, "v")
+    missing = subprocess.run([sys.executable, "-m", module, "get", str(tmp_path / "nope"), "k"],
+                             capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
+    assert len(missing.stderr.splitlines()) == 1
