@@ -13,7 +13,7 @@ an earlier holder of the same id.
 
 A handle the program never closes is closed the way Python closes an unclosed file: when
 the garbage collector frees it (with a :class:`ResourceWarning`), and at interpreter exit
-(an :mod:`atexit` hook over weak references to the open handles); both flush its buffered
+(an ``atexit`` hook over weak references to the open handles); both flush its buffered
 writes. Neither runs in a process forked from the one that opened the handle: a child never
 flushes or closes its parent's handle.
 """
