@@ -253,13 +253,14 @@ def test_a_killed_query_restarts_without_duplicates_or_losses(kv: Any, tmp_path:
                str(ck), "30"]
 
     def commits() -> int:
-        return sum(1 for f in (sink / "log").iterdir() if not f.name.endswith(".checkpoint.json"))
+        log = sink / "log"  # appears with the first commit: creating the store commits nothing
+        return sum(1 for f in log.iterdir() if not f.name.endswith(".checkpoint.json")) if log.is_dir() else 0
 
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while commits() < 5 and process.poll() is None and time.monotonic() < deadline:
+        while commits() < 4 and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert process.poll() is None, process.communicate()[1][-3000:]
     finally:
@@ -267,7 +268,7 @@ def test_a_killed_query_restarts_without_duplicates_or_losses(kv: Any, tmp_path:
             os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
     landed = commits()
-    assert landed >= 5, landed  # the store's creation and 4 of the 10 micro-batches (30 records each)
+    assert landed >= 4, landed  # 4 of the 10 micro-batches (30 records each)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
     assert done.returncode == 0, done.stderr[-3000:]
     with kvlog.open(str(sink), read_only=True) as store:
