@@ -79,10 +79,16 @@ def open(  # noqa: A001 - the public name users call
     cache lives (default: ``<dir>/cache`` for local stores, ``~/.cache/kvlog/…``
     for object stores). ``storage_options`` configure object stores
     (``endpoint_override``, ``access_key``, ``secret_key``, ``region``…).
-    ``clock`` and ``ids`` inject time and randomness. ``producer_id`` names the
-    store's producer (by default one is kept in the cache, so a reopen fences an
-    older process of the same cache). Any :class:`StoreConfig` field may be given
-    as a keyword, or a whole ``config``. ``checkpoint`` (with ``read_only=True``)
+    ``clock`` and ``ids`` inject time and randomness. Without ``producer_id``
+    the handle is a producer of its own (a fresh id from ``ids``, epoch 0,
+    nothing committed at open): any number of handles and processes write the
+    store at once and none fences another. ``producer_id`` is a stable writer
+    identity: opening with it takes the id's next epoch and fences an earlier
+    holder, whose later writes raise :class:`ProducerFencedError`; give each
+    concurrent writer its own. A handle never closed is flushed and closed at
+    interpreter exit, or when the garbage collector frees it (with a
+    ``ResourceWarning``), never by a forked child. Any :class:`StoreConfig`
+    field may be given as a keyword, or a whole ``config``. ``checkpoint`` (with ``read_only=True``)
     opens the store exactly as it was at that named checkpoint (:meth:`Store.checkpoint`).
     """
     return open_store(

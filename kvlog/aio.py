@@ -28,7 +28,9 @@ not at all, never half; the caller of a cancelled write does not learn which (``
 afterwards, then read). A cancelled ``async for`` ends its iterator and releases its snapshot.
 :meth:`AsyncStore.close` refuses new calls at once (:class:`~kvlog.errors.StoreClosedError`),
 waits for the calls already running, makes those still queued raise ``StoreClosedError``,
-closes the open iterators, then closes the store (flushing, unless ``flush=False``).
+closes the open iterators, then closes the store (flushing, unless ``flush=False``). An
+async store the program never closes is closed through the :class:`~kvlog.Store` it wraps, as
+that one is: flushed at interpreter exit, or when the garbage collector frees it.
 
 Errors are the sync API's: every :mod:`kvlog.errors` error raised in a worker reaches the
 awaiting task unchanged.

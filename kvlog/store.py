@@ -4,14 +4,28 @@ Reads ask the key index (``kvlog.index.KeyIndex``: this process's unapplied
 writes, then the LMDB index), which answers with the value (from the memtable or
 inline) or where it is (one batch read through the bounded cache).
 Writes are buffered and committed by the flusher; see :mod:`kvlog.log.flusher`.
-Every writable store is a producer: opening it bumps its producer's epoch,
-fencing an older process that still holds the same producer id.
+
+Every writable handle is a producer. Opened without ``producer_id`` it is a producer of its
+own (Kafka's idempotent producer without a transactional id): a fresh id, epoch 0, nothing
+committed at open, so any number of handles and processes write at once and none fences
+another. An explicit ``producer_id`` is a stable identity: opening it bumps its epoch, fencing
+an earlier holder of the same id.
+
+A handle the program never closes is closed the way Python closes an unclosed file: when
+the garbage collector frees it (with a :class:`ResourceWarning`), and at interpreter exit
+(an ``atexit`` hook over weak references to the open handles); both flush its buffered
+writes. Neither runs in a process forked from the one that opened the handle: a child never
+flushes or closes its parent's handle.
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
+import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Iterable, Iterator
 from types import MethodType, TracebackType
@@ -37,6 +51,52 @@ __all__ = ["Store", "WriteBatch", "open_store"]
 
 _MISSING = object()
 _T = TypeVar("_T")
+
+log = logging.getLogger("kvlog")
+
+#: The handles opened in this process and not closed yet: weak references, so the set keeps
+#: no handle alive (a handle the program drops is freed, and closed, by the garbage collector).
+_open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
+_exiting = False  # set once the exit hook runs: a handle freed after it closes in the freeing thread
+
+
+def _close_unclosed(store: Store) -> None:
+    """Close a handle its program never closed, flushing its buffered writes. A failure is
+    logged (logger ``kvlog``) and warned about (:class:`RuntimeWarning`), never raised: this
+    runs at interpreter exit or in a thread of its own, where nobody could catch it."""
+    try:
+        store.close()
+    except BaseException as exc:  # noqa: BLE001 - reported below; raising here reaches nobody
+        message = (f"kvlog store {store.log.storage.uri}: closing the unclosed handle failed, its "
+                   f"unflushed writes are lost: {type(exc).__name__}: {exc}")
+        log.error(message)
+        try:
+            warnings.warn(message, RuntimeWarning, stacklevel=1)
+        except Exception:  # noqa: BLE001 - warnings turned into errors: the log has it
+            log.debug("the warning about %s was refused", store.log.storage.uri)
+
+
+def _close_open_stores_at_exit() -> None:
+    """At interpreter exit: close (flush) every handle this process opened and left open; the
+    copies of its parent's handles a forked child holds are left alone."""
+    global _exiting
+    _exiting = True
+    pid = os.getpid()
+    for store in list(_open_stores):
+        if store._owner_pid == pid and not store._closed:
+            _warn_unclosed(store)
+            _close_unclosed(store)
+
+
+def _warn_unclosed(store: Store) -> None:
+    try:
+        warnings.warn(f"unclosed kvlog store {store.log.storage.uri} (closed and flushed for you; "
+                      "close it, or use it in a with block)", ResourceWarning, source=store, stacklevel=2)
+    except Exception:  # noqa: BLE001 - warnings turned into errors must not stop the close
+        log.debug("the warning about unclosed %s was refused", store.log.storage.uri)
+
+
+atexit.register(_close_open_stores_at_exit)
 
 
 class WriteBatch:
@@ -121,15 +181,20 @@ class Store(StoreMapping):
             self.__dict__["get"] = self._index.bind_get(self, MethodType(Store.get, self), self._found,
                                                         KEY_BYTES_LIMIT)
         if not log.read_only:
-            pid = producer_id if producer_id is not None else log.store_producer_id()
-            with log.settle_deferred():  # opening never waits for the index runs to merge
-                producer = log.producer(pid)
+            if producer_id is None:
+                producer = log.producer(None)  # a producer of its own: a fresh id, epoch 0, no commit
+            else:
+                with log.settle_deferred():  # opening never waits for the index runs to merge
+                    producer = log.producer(producer_id)  # the next epoch: fences an earlier holder
             self._flusher = Flusher(log, producer.producer_id, producer.epoch, self._index.memtable)
             if self.config.flush_interval_ms > 0:
                 self._flusher.start()
             self._compactor = Compactor(log)
             if self.config.background_compaction:
                 self._compactor.start()
+        # Set last: a handle whose opening failed is never closed for the program.
+        self._owner_pid = os.getpid()
+        _open_stores.add(self)
 
     @property
     def clock(self) -> Clock:
@@ -446,6 +511,7 @@ class Store(StoreMapping):
                     self._flusher.discard()
         finally:
             self._closed = True
+            _open_stores.discard(self)
             self._scans.close()
             for snap in list(self._snapshots):
                 snap.close()  # a snapshot left open is released with the store
@@ -454,10 +520,30 @@ class Store(StoreMapping):
 
     def __getstate__(self) -> dict[str, Any]:
         """The attributes a copy (``copy.copy``) takes: all but the bound ``get``, which reads
-        this store's state; the copy's ``get`` is the method, reading the copy's."""
+        this store's state (the copy's ``get`` is the method, reading the copy's), and the
+        owning process, so that freeing a copy never closes the state it shares."""
         state = dict(self.__dict__)
         state.pop("get", None)
+        state.pop("_owner_pid", None)
         return state
+
+    def __del__(self) -> None:
+        """A handle freed unclosed: warn (:class:`ResourceWarning`, like an unclosed file) and
+        close it, flushing its buffered writes, in a thread of its own. Not here: the freeing
+        thread may be anywhere, its own flusher thread holding the buffer's lock included. Not
+        in a forked child (the handle is its parent's), nor once the interpreter is finalizing
+        (the exit hook closed every handle then)."""
+        if self.__dict__.get("_owner_pid") != os.getpid() or self._closed or sys.is_finalizing():
+            return
+        _warn_unclosed(self)
+        if _exiting:
+            _close_unclosed(self)
+            return
+        try:
+            # Not a daemon: a normal exit waits for the close, so the writes are flushed.
+            threading.Thread(target=_close_unclosed, args=(self,), name="kvlog-close-unclosed").start()
+        except RuntimeError:  # no new thread at this point of the shutdown
+            _close_unclosed(self)
 
     def __enter__(self) -> Store:
         return self

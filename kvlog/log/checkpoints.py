@@ -112,11 +112,10 @@ def load_checkpoint(the_log: Log, version: int, head: tuple[str, int] | None = N
 
     def load(txn: Any) -> None:
         meta = MetaTxn(the_log.env, txn)
-        kept = {key: meta.get_meta(key) for key in ("uuid", "store_producer_id")}
+        uuid = meta.get_meta("uuid")
         meta.clear()
-        for key, value in kept.items():
-            if value is not None:
-                meta.put_meta(key, value)
+        if uuid is not None:
+            meta.put_meta("uuid", uuid)
         _load_checkpoint_body(meta, name, body)
         meta.set_applied_commit(version, head[0], head[1])  # later commits' ``prev`` is checked
         meta.put_meta("index_ready", b"0")

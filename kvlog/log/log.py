@@ -39,7 +39,7 @@ from kvlog.log import append, checkpoints, gc, producer_handle, waiting
 from kvlog.log.append import PendingBatch
 from kvlog.log.committer import Committer, OwnBatches
 from kvlog.log.pins import registry_for
-from kvlog.log.producer_handle import Producer, claim_store_producer_id
+from kvlog.log.producer_handle import Producer
 from kvlog.log.reader import (
     BatchCache,
     DataFileMissing,
@@ -305,11 +305,6 @@ class Log:
         """:meth:`values_of` within one snapshot (a missing data file raises
         :class:`~kvlog.log.reader.DataFileMissing`, as :meth:`value_in_snapshot`)."""
         return values_in_batches(self.env, pairs, reader, self.read_batch)
-
-    def store_producer_id(self) -> int:
-        """The producer id of this cache's stores: drawn once, kept in the cache, so a store
-        reopened on the same cache resumes its producer (and fences its former holder)."""
-        return claim_store_producer_id(self)
 
     def read_batch(self, batch: LiveBatch) -> pa.RecordBatch:
         """The records of a live batch (through the bounded cache)."""

@@ -19,13 +19,13 @@ from kvlog.errors import (
 )
 from kvlog.format.commit import Commit
 from kvlog.log.append import PendingBatch, raise_refusal, to_record_batch
+from kvlog.log.producers import fenced_message
 from kvlog.log.records import AppendResult, validate_records
-from kvlog.meta import MetaTxn
 
 if TYPE_CHECKING:
     from kvlog.log.log import Log
 
-__all__ = ["Producer", "claim_store_producer_id", "open_producer", "register_producer"]
+__all__ = ["Producer", "open_producer", "register_producer"]
 
 
 class Producer:
@@ -79,7 +79,7 @@ def open_producer(the_log: Log, producer_id: int | None = None, *, epoch: int | 
             # that wakes up can never fence the new one.
             new_epoch = 0 if state is None else state.epoch + 1
         elif current is not None and epoch < current:
-            raise ProducerFencedError(f"producer {producer_id} epoch {epoch} is older than {current}")
+            raise ProducerFencedError(fenced_message(producer_id, epoch, current))
         else:
             new_epoch = epoch
         if current is not None and new_epoch == current:
@@ -105,22 +105,3 @@ def register_producer(the_log: Log, producer_id: int, epoch: int) -> None:
     )
     if outcome.refusal is not None:
         raise_refusal(outcome.refusal)
-
-
-def claim_store_producer_id(the_log: Log) -> int:
-    """The producer id of the stores of this cache: drawn once and kept in the cache (meta
-    ``store_producer_id``), so a store reopened on the same cache resumes its producer."""
-    raw = the_log.snapshot(lambda r: r.get_meta("store_producer_id"))
-    if raw:
-        return int(raw)
-    fresh = int.from_bytes(the_log.ids.token(8), "big") >> 1
-
-    def claim(txn: Any) -> int:
-        meta = MetaTxn(the_log.env, txn)
-        existing = meta.get_meta("store_producer_id")
-        if existing:
-            return int(existing)
-        meta.put_meta("store_producer_id", str(fresh).encode())
-        return fresh
-
-    return int(the_log.env.write(claim))

@@ -35,17 +35,32 @@ from kvlog.errors import OutOfOrderSequenceError, ProducerError, ProducerFencedE
 from kvlog.format.producer_state import BatchMeta, PartitionProducerState, ProducerState
 
 __all__ = [
+    "FENCED_HINT",
     "SEQUENCE_MODULUS",
     "WINDOW",
     "Decision",
     "last_sequence",
     "check_batch",
+    "fenced_message",
     "accept_batch",
     "register_epoch",
 ]
 
 SEQUENCE_MODULUS = 2**31
 WINDOW = 5
+
+#: What a fenced writer's error adds: only a reused explicit producer id is fenced, and how
+#: several writers share a store.
+FENCED_HINT = ("a later handle opened with the same producer_id took it over; to run several "
+               "writers at once, open each without producer_id (each handle is then a producer of "
+               "its own) or give each writer a producer_id of its own")
+
+
+def fenced_message(producer_id: int, epoch: int, current: int, where: str = "") -> str:
+    """The message of :class:`ProducerFencedError` for a write (or opening) at ``epoch`` once
+    ``current`` is the producer's epoch: what fenced it, and how to run several writers."""
+    return (f"producer {producer_id} epoch {epoch} is older than the current epoch {current}{where}: "
+            f"{FENCED_HINT}")
 
 
 def last_sequence(first_sequence: int, count: int) -> int:
@@ -82,9 +97,7 @@ def check_batch(
     if state is None or state.expired(now_ms, expiration_ms):
         return Decision(accept=True)
     if epoch < state.epoch:
-        raise ProducerFencedError(
-            f"producer {state.producer_id} epoch {epoch} is older than the current epoch {state.epoch}"
-        )
+        raise ProducerFencedError(fenced_message(state.producer_id, epoch, state.epoch))
     part = state.partitions.get(partition)
     if part is None or now_ms - part.last_ms > expiration_ms:
         if epoch > state.epoch and first_sequence != 0:
@@ -94,9 +107,7 @@ def check_batch(
             )
         return Decision(accept=True)
     if epoch < part.epoch:
-        raise ProducerFencedError(
-            f"producer {state.producer_id} epoch {epoch} is older than {part.epoch} on partition {partition}"
-        )
+        raise ProducerFencedError(fenced_message(state.producer_id, epoch, part.epoch, f" on partition {partition}"))
     if epoch > part.epoch:
         if first_sequence != 0:
             raise OutOfOrderSequenceError(

@@ -243,16 +243,16 @@ def test_an_opener_whose_replay_stops_at_a_collected_commit_catches_up_from_the_
 ) -> None:
     """A restore racing commit GC puts old commits back after GC collected them while GC goes
     on to collect the next: storage holds the commit a closed cache applied and the one after,
-    then a gap, then later commits and a checkpoint. Reopening that cache replays up to the
-    gap; it must catch up from the checkpoint there, not write its producer registration into
-    the freed version, which no reader starting from the checkpoint crosses (and after which
+    then a gap, then later commits and a checkpoint. Reopening that cache with a producer_id
+    (registered at open) replays up to the gap; it must catch up from the checkpoint there, not
+    write its producer registration into the freed version, which no reader starting from the checkpoint crosses (and after which
     it would refuse the next commit as written after a gap, losing its records)."""
     root = tmp_path / "root"
     settings = dict(QUIET, checkpoint_interval=1, commit_retention_ms=0)
     with kvlog.open(root, cache_dir=tmp_path / "stale", **settings) as stale:
         stale.put(b"s", b"1", sync=True)
         head = stale.log.version
-    with kvlog.open(root, cache_dir=tmp_path / "other", **settings) as other:
+    with kvlog.open(root, cache_dir=tmp_path / "other", producer_id=5, **settings) as other:
         # Opening registered the producer at version head + 1; the puts come after it.
         old = {v: (root / commit_name(v)).read_bytes() for v in range(1, head + 2)}
         for i in range(4):
@@ -265,7 +265,7 @@ def test_an_opener_whose_replay_stops_at_a_collected_commit_catches_up_from_the_
     for v, data in old.items():  # the restore puts back the commits up to head + 1
         (root / commit_name(v)).write_bytes(data)
     assert not (root / commit_name(head + 2)).exists()
-    with kvlog.open(root, cache_dir=tmp_path / "stale", **settings) as again:
+    with kvlog.open(root, cache_dir=tmp_path / "stale", producer_id=6, **settings) as again:
         assert again.log.version >= top
         assert [again.get(f"o{i}".encode()) for i in range(4)] == [b"x"] * 4
         again.put(b"after", b"2", sync=True)

@@ -490,17 +490,38 @@ def test_config_object_is_equivalent_to_keywords(local_root: Root, opened: list[
 # -- several handles -------------------------------------------------------------------------------
 
 
-def test_second_writer_fences_the_first(root: Root, opened: list[Any]) -> None:
+def test_second_default_writer_fences_nobody(root: Root, opened: list[Any]) -> None:
     first = root.open(**EXPLICIT_FLUSH)
     opened.append(first)
     first.put(b"a", b"1", sync=True)
     first.put(b"b", b"2")
-    second = root.open(**EXPLICIT_FLUSH)  # same cache: same default producer, next epoch
+    second = root.open(**EXPLICIT_FLUSH)  # same cache, no producer_id: a producer of its own
     opened.append(second)
-    assert second.stats()["producer_id"] == first.stats()["producer_id"]
+    assert second.stats()["producer_id"] != first.stats()["producer_id"]
+    assert first.stats()["producer_epoch"] == second.stats()["producer_epoch"] == 0
+    second.put(b"d", b"4", sync=True)
+    first.put(b"c", b"3", sync=True)  # the first keeps writing: nothing fenced it
+    first.close()
+    reader = root.open(cache="reader", read_only=True)
+    opened.append(reader)
+    assert dict(reader.scan()) == {b"a": b"1", b"b": b"2", b"c": b"3", b"d": b"4"}
+    assert second.check() == []
+
+
+def test_reused_producer_id_fences_the_earlier_holder(root: Root, opened: list[Any]) -> None:
+    first = root.open(producer_id=41, **EXPLICIT_FLUSH)
+    opened.append(first)
+    first.put(b"a", b"1", sync=True)
+    first.put(b"b", b"2")
+    second = root.open(producer_id=41, **EXPLICIT_FLUSH)  # the same identity: the next epoch
+    opened.append(second)
+    assert second.stats()["producer_id"] == first.stats()["producer_id"] == 41
     assert second.stats()["producer_epoch"] > first.stats()["producer_epoch"]
-    with pytest.raises(ProducerFencedError):
+    with pytest.raises(ProducerFencedError) as fenced:
         first.flush()
+    # The error names what fenced the handle and how to run several writers.
+    assert "producer 41 epoch 0 is older than the current epoch 1" in str(fenced.value)
+    assert "without producer_id" in str(fenced.value) and "producer_id of its own" in str(fenced.value)
     with pytest.raises(ProducerFencedError):
         first.put(b"c", b"3", sync=True)
     assert first.stats()["flush_error"] is not None
