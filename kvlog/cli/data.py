@@ -9,7 +9,6 @@ from kvlog.cli.common import (
     Subparsers,
     add_store_arguments,
     open_store,
-    refuse_to_create,
     writer_id,
 )
 from kvlog.cli.encoding import (
@@ -61,10 +60,6 @@ def _inputs(args: argparse.Namespace, names: tuple[str, ...]) -> list[bytes]:
 
 def _cmd_put(args: argparse.Namespace) -> int:
     key, value = _inputs(args, ("KEY", "VALUE"))  # read before anything is created
-    refusal = refuse_to_create(args.uri, args.create)
-    if refusal is not None:
-        print(f"kvlog: {refusal}", file=sys.stderr)
-        return 1
     with open_store(args, producer_id=writer_id()) as store:
         store.put(key, value, sync=True)
     return 0

@@ -351,10 +351,11 @@ def storage_behind(the_log: Log) -> tuple[str, str] | None:
         if newest_checkpoint(the_log.storage) > version:
             return None
         missing = _missing_versions(the_log, version)
+        are = "is" if len(missing) == 1 else "are"
         return commit_name(missing[0]), (
-            f"the cache applied {_versions_text(missing)} up to version {version}, which the storage "
-            f"root {the_log.storage.uri} no longer holds (restored from an older copy, or damaged): "
-            "the writes they hold are lost")
+            f"{_versions_text(missing)}, which the cache applied, {are} missing from the storage "
+            f"root {the_log.storage.uri} (restored from an older copy, or deleted): the writes "
+            "they hold are lost")
     if crc32c(data) != crc:
         return name, (f"commit {name} in {the_log.storage.uri} differs from the commit the cache applied "
                       "at that version (restored from an older copy, or replaced): the writes of the "
