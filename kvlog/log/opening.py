@@ -203,7 +203,7 @@ def _check_location(location: StoreLocation, create: bool | None, read_only: boo
     try:
         if not os.path.lexists(directory):
             if create is False or read_only:
-                raise StoreNotFoundError(f"no kvlog store at {uri!r}: it does not exist")
+                raise StoreNotFoundError(f"no kvlog store at {uri!r}")
             return
         if not directory.is_dir():
             raise StoreNotFoundError(f"no kvlog store at {uri!r}: it is not a directory")
