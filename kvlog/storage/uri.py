@@ -67,7 +67,7 @@ def parse_store_uri(uri: object) -> StoreLocation:
         return StoreLocation(uri, _directory(path))
     if scheme in OBJECT_SCHEMES:
         if not parts.netloc:
-            raise ConfigError(f"{uri!r} names no bucket: use {scheme}://bucket/prefix")
+            raise ConfigError(f"{uri!r} is not a valid {scheme}://bucket/prefix URI: it names no bucket")
         return StoreLocation(uri, None)
     raise ConfigError(f"unsupported URI scheme {scheme!r} in {uri!r}: {_FORMS}")
 
