@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from hashlib import sha256
 from pathlib import Path
 from typing import Any
@@ -174,8 +175,8 @@ def check_open_arguments(
         except UnicodeEncodeError as e:
             raise ConfigError(f"cache_dir {cache_dir!r} is not valid UTF-8 (at character {e.start})") from None
     if storage_options is not None and not (
-            isinstance(storage_options, dict) and all(isinstance(k, str) for k in storage_options)):
-        raise ConfigError(f"storage_options must be a dict of named options, not {storage_options!r}")
+            isinstance(storage_options, Mapping) and all(isinstance(k, str) for k in storage_options)):
+        raise ConfigError(f"storage_options must be a mapping of named options, not {storage_options!r}")
     if config is not None and not isinstance(config, StoreConfig):
         raise ConfigError(f"config must be a StoreConfig, not {type(config).__name__}")
     for name, value, methods in (("clock", clock, ("now_ms", "monotonic_s")), ("ids", ids, ("token",))):

@@ -32,7 +32,7 @@ __all__ = [
 
 def is_local_uri(uri: str | os.PathLike[str]) -> bool:
     """Whether ``uri`` names a local directory (a plain path or ``file://``); a URI that names
-    nothing is a :class:`ConfigError`."""
+    nothing is a :class:`~kvlog.errors.ConfigError`."""
     return parse_store_uri(uri).directory is not None
 
 
@@ -40,7 +40,7 @@ def open_storage(
     uri: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
 ) -> Storage:
     """The backend for ``uri``: a path, ``file:///abs/dir`` or ``s3://bucket/prefix``
-    (checked by :func:`~kvlog.storage.uri.parse_store_uri` first)."""
+    (checked by :func:`parse_store_uri` first)."""
     location = parse_store_uri(uri)
     options = dict(storage_options or {})
     if location.directory is not None:

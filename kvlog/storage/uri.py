@@ -39,7 +39,7 @@ class StoreLocation:
 
 
 def parse_store_uri(uri: object) -> StoreLocation:
-    """The location ``uri`` names, or :class:`ConfigError` saying why it names none."""
+    """The location ``uri`` names, or :class:`~kvlog.errors.ConfigError` saying why it names none."""
     if isinstance(uri, os.PathLike):
         uri = os.fspath(uri)
     if not isinstance(uri, str):
