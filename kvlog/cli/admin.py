@@ -13,6 +13,8 @@ from typing import Any
 from kvlog.cli.common import (
     Subparsers,
     add_store_arguments,
+    cli_spelling,
+    one_line,
     open_store,
     require_store,
     settings_of,
@@ -20,7 +22,7 @@ from kvlog.cli.common import (
     uri_arg,
 )
 from kvlog.cli.summary import render_stats
-from kvlog.errors import ConfigError
+from kvlog.errors import ConfigError, StorageBehindError
 from kvlog.extras import require
 
 __all__ = ["register"]
@@ -41,8 +43,11 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    with open_store(args, create=False, read_only=True) as store:
-        findings = store.check()
+    try:
+        with open_store(args, create=False, read_only=True) as store:
+            findings = store.check()
+    except StorageBehindError as e:  # the cache applied commits storage lost: a finding
+        findings = [one_line(str(e))]
     for line in findings:
         print(line)
     if findings:
@@ -60,7 +65,9 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     from kvlog.log import open_log
 
     config = StoreConfig.from_settings(**settings_of(args))
-    the_log = open_log(args.uri, create=False, storage_options=args.storage_options, config=config)
+    with cli_spelling():
+        the_log = open_log(args.uri, create=False, storage_options=args.storage_options, config=config,
+                           on_storage_behind=args.on_storage_behind)
     try:
         report = Compactor(the_log).run_once(force=args.force)
     finally:

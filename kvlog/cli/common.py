@@ -6,17 +6,18 @@ import argparse
 import dataclasses
 import json
 import os
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn
-from urllib.parse import unquote, urlparse
 
 from kvlog.config import StoreConfig
-from kvlog.errors import ConfigError, StoreNotFoundError
+from kvlog.errors import ConfigError, StorageBehindError, StoreNotFoundError
 from kvlog.format.identity import IDENTITY_NAME
+from kvlog.log.opening import CREATE_HINT, ON_STORAGE_BEHIND, REBUILD_HINT
 
 __all__ = [
     "Parser", "Subparsers", "one_line", "uri_arg", "storage_options_arg", "setting_arg",
-    "add_store_arguments", "open_store", "require_store", "refuse_to_create", "store_config",
+    "add_store_arguments", "open_store", "cli_spelling", "require_store", "store_config",
     "stored_partitions",
 ]
 
@@ -108,13 +109,18 @@ def setting_arg(text: str) -> tuple[str, Any]:
 
 
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments every store command takes: the URI, ``--storage-options`` and ``--set``."""
+    """The arguments every store command takes: the URI, ``--storage-options``, ``--set`` and
+    ``--on-storage-behind``."""
     parser.add_argument("uri", type=uri_arg, help="the store: a directory, file:///abs/dir or s3://bucket/prefix")
     parser.add_argument("--storage-options", type=storage_options_arg, metavar="JSON",
                         help='JSON object of object-store options, e.g. \'{"region": "us-east-1"}\'')
     parser.add_argument("--set", dest="settings", type=setting_arg, action="append", default=[],
                         metavar="NAME=VALUE",
                         help="a store setting (any StoreConfig field, e.g. cache_bytes=1_000_000); repeatable")
+    parser.add_argument("--on-storage-behind", choices=ON_STORAGE_BEHIND, default="raise",
+                        help="when the cache applied commits the storage root no longer holds (restored "
+                             "from an older copy): raise (the default) refuses; rebuild rebuilds the "
+                             "cache from storage, losing them")
 
 
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -123,11 +129,37 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def open_store(args: argparse.Namespace, **kwargs: Any) -> Any:
-    """The store a command works on; no background compaction unless ``--set`` asks for it."""
+    """The store a command works on; no background compaction unless ``--set`` asks for it.
+
+    :func:`kvlog.open` decides where a store may be created (a missing or empty directory);
+    a command's ``--create`` asks for one anywhere. Its refusals name the command's flags.
+    """
     import kvlog
 
     settings: dict[str, Any] = {"background_compaction": False, **settings_of(args), **kwargs}
-    return kvlog.open(args.uri, storage_options=args.storage_options, **settings)
+    if getattr(args, "create", False):
+        settings["create"] = True
+    with cli_spelling():
+        return kvlog.open(args.uri, storage_options=args.storage_options,
+                          on_storage_behind=args.on_storage_behind, **settings)
+
+
+@contextmanager
+def cli_spelling() -> Iterator[None]:
+    """Re-raise the open errors that say how to go on with the command line's flags instead
+    of :func:`kvlog.open`'s arguments (``--create``, ``--on-storage-behind rebuild``)."""
+    try:
+        yield
+    except StorageBehindError as e:
+        raise StorageBehindError(e.name, _flags(e.reason)) from None
+    except StoreNotFoundError as e:
+        raise type(e)(_flags(str(e))) from None
+
+
+def _flags(message: str) -> str:
+    return (message.replace(REBUILD_HINT, "give --on-storage-behind rebuild to rebuild the cache "
+                                          "from storage without them")
+            .replace(CREATE_HINT, "give --create to make a store there"))
 
 
 def require_store(uri: str, storage_options: dict[str, Any] | None) -> None:
@@ -136,9 +168,9 @@ def require_store(uri: str, storage_options: dict[str, Any] | None) -> None:
     Looks for the store's identity object only: no cache, no producer, nothing created. A
     job that starts something costly (a JVM) checks this first.
     """
-    from kvlog.storage import open_storage
+    from kvlog.storage import open_storage, parse_store_uri
 
-    directory = _local_dir(uri)
+    directory = parse_store_uri(uri).directory
     if directory is not None and not directory.is_dir():
         what = "is not a directory" if os.path.lexists(directory) else "does not exist"
         raise StoreNotFoundError(f"no kvlog store at {uri!r}: it {what}")
@@ -148,38 +180,6 @@ def require_store(uri: str, storage_options: dict[str, Any] | None) -> None:
             raise StoreNotFoundError(f"no kvlog store at {uri!r} (no {IDENTITY_NAME})")
     finally:
         storage.close()
-
-
-def _local_dir(uri: str) -> Path | None:
-    """The directory of a local store URI (a path or ``file:///abs/dir``); None for object stores.
-
-    A ``file://`` URI naming a host is left to :func:`kvlog.open`, which refuses it.
-    """
-    parsed = urlparse(uri)
-    if parsed.scheme == "":
-        return Path(uri)
-    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
-        return Path(unquote(parsed.path))
-    return None
-
-
-def refuse_to_create(uri: str, create: bool) -> str | None:
-    """Why a write must not make a store at ``uri``, or None when it may go on.
-
-    A write creates a store in a missing or empty directory, or anywhere with ``--create``;
-    an existing store (one with ``kvlog.json``) is written as is. Anything else is refused
-    before a file is made, so a mistyped path never turns a directory into a store.
-    Object-store prefixes are always written: the prefix is the store.
-    """
-    directory = _local_dir(uri)
-    if directory is None or create or not os.path.lexists(directory):
-        return None
-    if not directory.is_dir():
-        return f"{uri} is not a directory"
-    if (directory / IDENTITY_NAME).exists() or not any(directory.iterdir()):
-        return None
-    return (f"{uri} is not empty and is not a kvlog store (no {IDENTITY_NAME}): "
-            "give --create to make a store there anyway")
 
 
 def store_config(args: argparse.Namespace) -> StoreConfig:
@@ -200,9 +200,9 @@ def stored_partitions(uri: str, storage_options: dict[str, Any] | None) -> int |
     does not have before it changes anything.
     """
     from kvlog.format.identity import decode_identity
-    from kvlog.storage import open_storage
+    from kvlog.storage import open_storage, parse_store_uri
 
-    directory = _local_dir(uri)
+    directory = parse_store_uri(uri).directory
     if directory is not None and not directory.is_dir():
         return None
     storage = open_storage(uri, storage_options)

@@ -9,7 +9,6 @@ from kvlog.cli.common import (
     Subparsers,
     add_store_arguments,
     open_store,
-    refuse_to_create,
     store_config,
 )
 from kvlog.cli.encoding import (
@@ -82,10 +81,6 @@ def _check_record(key: bytes, value: bytes, args: argparse.Namespace) -> None:
 def _cmd_put(args: argparse.Namespace) -> int:
     key, value = _inputs(args, ("KEY", "VALUE"))  # read before anything is created
     _check_record(key, value, args)
-    refusal = refuse_to_create(args.uri, args.create)
-    if refusal is not None:
-        print(f"kvlog: {refusal}", file=sys.stderr)
-        return 1
     with open_store(args) as store:
         store.put(key, value, sync=True)
     return 0

@@ -2,15 +2,19 @@
 
 Opening reads (or creates) the identity document, acquires the LMDB cache, and
 brings it up to date: a cache of another store is reset, one ahead of or apart
-from the storage root (a root restored from an older copy) is rebuilt, one behind
-the newest checkpoint reloads from it, and then every later commit is replayed.
-A damaged cache is deleted and rebuilt from storage.
+from the storage root (a root restored from an older copy) is refused with
+:class:`StorageBehindError` naming the lost commits (or rebuilt, when the caller
+accepts the loss), one behind the newest checkpoint reloads from it, and then every
+later commit is replayed. A damaged cache is deleted and rebuilt from storage.
+Every argument is checked before anything is created, and a local store is created
+only in a missing or empty directory unless ``create=True``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from hashlib import sha256
 from pathlib import Path
 from typing import Any
@@ -31,13 +35,14 @@ from kvlog.index import check_cache_file
 from kvlog.log.checkpoints import load_checkpoint, newest_checkpoint
 from kvlog.log.committer import followed_by, left_behind, link_broken
 from kvlog.log.log import Log
-from kvlog.log.naming import commit_name
+from kvlog.log.naming import LOG_PREFIX, commit_name
 from kvlog.log.pinned_open import open_pinned
 from kvlog.log.pins_named import check_name
 from kvlog.meta import MetaTxn, acquire_env, reset_env
-from kvlog.storage import Storage, is_local_uri, open_storage
+from kvlog.storage import Storage, StoreLocation, open_storage, parse_store_uri
 
-__all__ = ["default_cache_dir", "open_log"]
+__all__ = ["default_cache_dir", "open_log", "check_open_arguments", "ON_STORAGE_BEHIND", "REBUILD_HINT", "CREATE_HINT",
+           "storage_behind"]
 
 log = logging.getLogger("kvlog.log")
 
@@ -52,10 +57,20 @@ def default_cache_dir(storage: Storage) -> Path:
     return base / sha256(storage.uri.encode()).hexdigest()[:24]
 
 
+#: The values of ``on_storage_behind``: what opening does with a cache of commits storage lost.
+ON_STORAGE_BEHIND = ("raise", "rebuild")
+
+#: How a caller of :func:`open_log` accepts losing the commits a :class:`StorageBehindError` names.
+REBUILD_HINT = 'pass on_storage_behind="rebuild" to rebuild the cache from storage without them'
+
+#: How a caller creates a store in a directory that holds other files.
+CREATE_HINT = "pass create=True to make a store there"
+
+
 def open_log(
     uri: str | os.PathLike[str] | Storage,
     *,
-    create: bool = True,
+    create: bool | None = None,
     partitions: int | None = None,
     read_only: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -65,32 +80,37 @@ def open_log(
     ids: IdSource | None = None,
     maintain_index: bool = True,
     checkpoint: str | None = None,
+    on_storage_behind: str = "raise",
 ) -> Log:
     """Open (or create) the log at ``uri`` and bring its metadata cache up to date.
 
+    ``create`` None creates a local store only in a missing or empty directory, True anywhere
+    (also among other files), False never (:class:`StoreNotFoundError`); an object-store prefix
+    is the store, created unless ``create=False``. Every argument is checked, and the URI parsed
+    (:func:`~kvlog.storage.uri.parse_store_uri`), before anything is created.
+    ``on_storage_behind``: ``"raise"`` refuses a cache that applied commits storage no longer
+    holds (a root restored from an older copy) with :class:`StorageBehindError`; ``"rebuild"``
+    rebuilds the cache from storage, losing those commits.
     ``maintain_index=False`` keeps the metadata only, leaving the key index to a bulk
     load (see ``spark_ext.rebuild_index``); such a cache is marked as having no index.
     ``checkpoint`` (with ``read_only=True``) opens the log frozen at that named checkpoint
     (:mod:`kvlog.log.pinned_open`).
     """
-    if checkpoint is not None:
-        if not read_only:
-            raise ConfigError("checkpoint= opens a store as it was: it needs read_only=True")
-        check_name(checkpoint)
+    location = check_open_arguments(
+        uri, create=create, partitions=partitions, read_only=read_only, cache_dir=cache_dir,
+        storage_options=storage_options, config=config, clock=clock, ids=ids,
+        maintain_index=maintain_index, checkpoint=checkpoint, on_storage_behind=on_storage_behind,
+    )
     clock = clock or SystemClock()
     ids = ids or SystemIdSource()
     if isinstance(uri, Storage):
         storage, owns = uri, False
     else:
-        if not read_only and not create and is_local_uri(uri):
-            target = os.fspath(uri).removeprefix("file://")
-            if not os.path.isdir(target):
-                raise StoreNotFoundError(f"no kvlog store at {os.fspath(uri)!r}")
-        if read_only and is_local_uri(uri) and not os.path.isdir(os.fspath(uri).removeprefix("file://")):
-            raise StoreNotFoundError(f"no kvlog store at {os.fspath(uri)!r}")
+        assert location is not None
+        _check_location(location, create, read_only)
         storage, owns = open_storage(uri, storage_options), True
     try:
-        identity = _identity(storage, create and not read_only, partitions, config, clock, ids)
+        identity = _identity(storage, create is not False and not read_only, partitions, config, clock, ids)
         cfg = config or StoreConfig()
         if cfg.partitions != identity.partitions:
             cfg = StoreConfig.from_settings(cfg, partitions=identity.partitions)
@@ -105,7 +125,7 @@ def open_log(
     the_log = Log(storage, identity, env, cfg, clock, ids, read_only, owns, maintain_index)
     try:
         try:
-            _catch_up(the_log)
+            _catch_up(the_log, on_storage_behind)
         except CorruptDataError as e:
             # The cache is derived data: damaged, it is deleted and rebuilt from storage, unless
             # another user (in this process or another) still has it open.
@@ -113,18 +133,7 @@ def open_log(
                 raise
             log.warning("metadata cache at %s was damaged (%s): rebuilt from storage", env.path, e.reason)
             the_log.index.reopened()
-            _catch_up(the_log)
-        except StorageBehindError:
-            # Replay met a commit that a writer behind the commit retention window put in a
-            # version GC had freed, followed by the history's own: rebuilt from the newest
-            # checkpoint (past both), as a fresh cache starts.
-            if newest_checkpoint(the_log.storage) <= the_log.version:
-                raise
-            log.warning("metadata cache at %s replayed a commit outside the history (written "
-                        "behind the commit retention window): rebuilt from the newest checkpoint",
-                        env.path)
-            _reset_cache(the_log)
-            _catch_up(the_log)
+            _catch_up(the_log, on_storage_behind)
     except BaseException:
         the_log.close()
         raise
@@ -138,6 +147,77 @@ def open_log(
     pinned._owns_storage, the_log._owns_storage = the_log._owns_storage, False
     the_log.close()
     return pinned
+
+
+def check_open_arguments(
+    uri: object, *, create: object, partitions: object, read_only: object, cache_dir: object,
+    storage_options: object, config: object, clock: object, ids: object, maintain_index: object,
+    checkpoint: object, on_storage_behind: object,
+) -> StoreLocation | None:
+    """The location ``uri`` names (None for a :class:`Storage` given as is), once every argument
+    of :func:`open_log` is of a type and value it takes; else a :class:`ConfigError` (or the
+    :class:`InvalidRecordError` of a checkpoint name), raised before anything is created."""
+    location = None if isinstance(uri, Storage) else parse_store_uri(uri)
+    for name, value in (("create", create), ("read_only", read_only), ("maintain_index", maintain_index)):
+        if not isinstance(value, bool) and not (name == "create" and value is None):
+            allowed = "True, False or None" if name == "create" else "True or False"
+            raise ConfigError(f"{name} must be {allowed}, not {value!r}")
+    if partitions is not None:
+        StoreConfig(partitions=partitions)  # type: ignore[arg-type]  # validates: ConfigError
+    if cache_dir is not None:
+        if isinstance(cache_dir, os.PathLike):
+            cache_dir = os.fspath(cache_dir)
+        if not isinstance(cache_dir, str):
+            raise ConfigError(f"cache_dir must be a str or a path, not {type(cache_dir).__name__}")
+        if "\x00" in cache_dir:
+            raise ConfigError(f"cache_dir {cache_dir!r} contains a NUL byte")
+        try:
+            cache_dir.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ConfigError(f"cache_dir {cache_dir!r} is not valid UTF-8 (at character {e.start})") from None
+    if storage_options is not None and not (
+            isinstance(storage_options, Mapping) and all(isinstance(k, str) for k in storage_options)):
+        raise ConfigError(f"storage_options must be a mapping of named options, not {storage_options!r}")
+    if config is not None and not isinstance(config, StoreConfig):
+        raise ConfigError(f"config must be a StoreConfig, not {type(config).__name__}")
+    for name, value, methods in (("clock", clock, ("now_ms", "monotonic_s")), ("ids", ids, ("token",))):
+        if value is not None and not all(callable(getattr(value, m, None)) for m in methods):
+            kind = "a Clock" if name == "clock" else "an IdSource"
+            raise ConfigError(f"{name} must be {kind} (with {' and '.join(methods)}), not {type(value).__name__}")
+    if not isinstance(on_storage_behind, str) or on_storage_behind not in ON_STORAGE_BEHIND:
+        raise ConfigError(f"on_storage_behind must be one of {', '.join(map(repr, ON_STORAGE_BEHIND))}, "
+                          f"not {on_storage_behind!r}")
+    if checkpoint is not None:
+        if not read_only:
+            raise ConfigError("checkpoint= opens a store as it was: it needs read_only=True")
+        check_name(checkpoint)
+    return location
+
+
+def _check_location(location: StoreLocation, create: bool | None, read_only: bool) -> None:
+    """Refuse to open a local directory that holds no store when this open may not create one
+    there: it is missing and ``create=False`` or ``read_only``, or it holds other files and
+    ``create`` is not True. Object-store prefixes are the store: nothing to check."""
+    directory = location.directory
+    if directory is None:
+        return
+    uri = location.text
+    try:
+        if not os.path.lexists(directory):
+            if create is False or read_only:
+                raise StoreNotFoundError(f"no kvlog store at {uri!r}")
+            return
+        if not directory.is_dir():
+            raise StoreNotFoundError(f"no kvlog store at {uri!r}: it is not a directory")
+        if (directory / IDENTITY_NAME).exists():
+            return
+        if create is False or read_only:
+            raise StoreNotFoundError(f"no kvlog store at {uri!r} (no {IDENTITY_NAME})")
+        if create is None and any(directory.iterdir()):
+            raise StoreNotFoundError(
+                f"{uri} is not empty and is not a kvlog store (no {IDENTITY_NAME}): {CREATE_HINT}")
+    except OSError as e:
+        raise StorageError(f"cannot look into the store directory {uri!r}: {e}") from e
 
 
 def _identity(
@@ -167,8 +247,9 @@ def _identity(
     return identity
 
 
-def _catch_up(the_log: Log) -> None:
-    """Reset a cache of another store, reload from a checkpoint when behind it, then replay."""
+def _catch_up(the_log: Log, on_storage_behind: str) -> None:
+    """Reset a cache of another store, refuse (or with ``"rebuild"`` reset) one that applied
+    commits storage no longer holds, reload from a checkpoint when behind it, then replay."""
     uuid = the_log.identity.store_uuid.encode()
 
     def check_uuid(txn: Any) -> bool:
@@ -183,20 +264,21 @@ def _catch_up(the_log: Log) -> None:
 
     if the_log.env.write(check_uuid):
         log.info("metadata cache at %s rebuilt for store %s", the_log.env.path, the_log.identity.store_uuid)
-    if not _cache_matches_storage(the_log):
-        log.warning("metadata cache at %s is ahead of or apart from the storage root %s (restored from "
-                    "an older copy?): rebuilding it from storage", the_log.env.path, the_log.storage.uri)
-
-        def reset(txn: Any) -> None:
-            meta = MetaTxn(the_log.env, txn)
-            producer_id = meta.get_meta("store_producer_id")
-            meta.clear()
-            meta.put_meta("uuid", uuid)
-            meta.put_meta("index_ready", b"1")
-            if producer_id is not None:
-                meta.put_meta("store_producer_id", producer_id)
-
-        the_log.env.write(reset)
+    if _holds_a_stray_commit(the_log):
+        # The cache applied a commit that a writer behind the commit retention window wrote in a
+        # version GC had freed: no write of it was acknowledged, so nothing is lost by rebuilding.
+        log.warning("metadata cache at %s applied a commit outside the history (written behind the "
+                    "commit retention window): rebuilt from storage", the_log.env.path)
+        _reset_cache(the_log)
+    else:
+        behind = storage_behind(the_log)
+        if behind is not None:
+            if on_storage_behind != "rebuild":
+                raise StorageBehindError(behind[0], f"{behind[1]}; nothing was changed: {REBUILD_HINT}")
+            log.warning("metadata cache at %s is ahead of or apart from the storage root %s (%s: %s): "
+                        "rebuilding it from storage, as on_storage_behind='rebuild' asks",
+                        the_log.env.path, the_log.storage.uri, *behind)
+            _reset_cache(the_log)
     if not the_log.maintain_index:
         the_log.env.write(lambda txn: MetaTxn(the_log.env, txn).put_meta("index_ready", b"0"))
     newest = newest_checkpoint(the_log.storage)
@@ -206,7 +288,19 @@ def _catch_up(the_log: Log) -> None:
     with the_log.settle_deferred():
         loaded = _load_checkpoint_if_behind(the_log, newest)
         if not loaded:
-            the_log.refresh()
+            try:
+                the_log.refresh()
+            except StorageBehindError:
+                # Replay met a commit that a writer behind the commit retention window put in a
+                # version GC had freed, followed by the history's own: rebuilt from the newest
+                # checkpoint (past both), as a fresh cache starts.
+                newest = newest_checkpoint(the_log.storage)
+                if newest <= the_log.version:
+                    raise
+                log.warning("metadata cache at %s replayed a commit outside the history (written behind "
+                            "the commit retention window): rebuilt from the newest checkpoint",
+                            the_log.env.path)
+                _reset_cache(the_log)
             # Replay stops at the first missing commit. Below the newest checkpoint (whose commit
             # storage holds) that is a commit GC collected while an older one stayed (a restore
             # put it back): the cache is behind, not at the head, and a write from there would
@@ -246,18 +340,20 @@ def _load_checkpoint_if_behind(the_log: Log, newest: int) -> bool:
     return False
 
 
-def _cache_matches_storage(the_log: Log) -> bool:
-    """Whether the newest commit the cache applied, and the one it applied before it, are in
-    storage as they were applied.
+def storage_behind(the_log: Log) -> tuple[str, str] | None:
+    """The commits the cache applied that storage lacks or holds otherwise, as (the first such
+    commit's name, what is wrong, naming them all), or None when storage holds the cache's history.
 
-    A cache that fell behind commit GC is fine (it catches up from a checkpoint). One whose
-    commit is missing with no newer checkpoint, or whose commit differs, belongs to a history
-    the storage root no longer holds; so does one whose newest commit landed after a restore
-    removed the commit before it (its writer died, or could not read, before checking).
+    A cache that fell behind commit GC is fine (it catches up from a checkpoint), and so is a
+    fresh one. A cache whose newest commit is missing with no newer checkpoint, or differs, belongs
+    to a history the storage root no longer holds; so does one whose newest commit landed after a
+    restore removed the commit before it (its writer died, or could not read, before checking).
+    The cache keeps the identity of its newest two commits only: of older ones it knows that it
+    applied them, so the missing versions are named, and a differing one only when it is one of two.
     """
     applied: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_commit())
     if applied is None:
-        return True
+        return None
     version, commit_id, crc = applied
     name = commit_name(version)
     try:
@@ -267,18 +363,72 @@ def _cache_matches_storage(the_log: Log) -> bool:
         try:
             following = decode_commit(after, the_log.storage.read(after))
         except FileNotFoundError:
-            return newest_checkpoint(the_log.storage) > version
-        # The next commit decides: collected history goes on from the commit the cache applied;
-        # a next commit naming another one follows a history this cache left (it applied a
-        # commit that its writer took back, or the root was restored). A next commit its
-        # writer left in a version GC had freed (it died before taking it back) leads nowhere.
-        return following.previous_id == commit_id and not _left_in_freed_version(the_log, following)
+            following = None
+        if following is not None:
+            # The next commit decides: collected history goes on from the commit the cache
+            # applied; a next commit naming another one follows a history this cache left.
+            if following.previous_id == commit_id or _left_in_freed_version(the_log, following):
+                return None  # collected; or a stray next commit, which _holds_a_stray_commit sees
+            return after, (f"commit {after} in {the_log.storage.uri} does not follow {name}, the newest "
+                           "commit the cache applied, which is missing (the root was restored from an "
+                           "older copy, or the commit deleted): the writes it holds are lost")
+        if newest_checkpoint(the_log.storage) > version:
+            return None
+        missing = _missing_versions(the_log, version)
+        are = "is" if len(missing) == 1 else "are"
+        return commit_name(missing[0]), (
+            f"{_versions_text(missing)}, which the cache applied, {are} missing from the storage "
+            f"root {the_log.storage.uri} (restored from an older copy, or deleted): the writes "
+            "they hold are lost")
     if crc32c(data) != crc:
-        return False
-    if _left_in_freed_version(the_log, decode_commit(name, data)):
-        return False  # the cache applied a commit its writer wrote in a version GC had freed
+        return name, (f"commit {name} in {the_log.storage.uri} differs from the commit the cache applied "
+                      "at that version (restored from an older copy, or replaced): the writes of the "
+                      "cache's commit are lost")
     before: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_before())
-    return before is None or before[0] != version - 1 or link_broken(the_log.storage, version, before) is None
+    if before is None or before[0] != version - 1:
+        return None
+    broken = link_broken(the_log.storage, version, before)
+    if broken is None:
+        return None
+    earlier = commit_name(version - 1)
+    return earlier, (f"commit {earlier}, which the cache applied before its newest commit {name}, {broken} "
+                     f"in {the_log.storage.uri} (the root was restored while {name} was on its way): "
+                     "the writes of the cache's commit are lost")
+
+
+def _missing_versions(the_log: Log, version: int) -> list[int]:
+    """The versions up to ``version`` above the newest checkpoint whose commits storage lacks."""
+    names = {info.name for info in the_log.storage.list(LOG_PREFIX)}
+    floor = newest_checkpoint(the_log.storage)
+    missing = [v for v in range(floor + 1, version + 1) if commit_name(v) not in names]
+    return missing or [version]
+
+
+def _versions_text(versions: list[int]) -> str:
+    """``commit log/…01.json`` or ``commits log/…01.json to log/…04.json`` (with gaps counted)."""
+    if len(versions) == 1:
+        return f"commit {commit_name(versions[0])}"
+    span = versions[-1] - versions[0] + 1
+    gaps = "" if span == len(versions) else f" ({len(versions)} of them)"
+    return f"commits {commit_name(versions[0])} to {commit_name(versions[-1])}{gaps}"
+
+
+def _holds_a_stray_commit(the_log: Log) -> bool:
+    """Whether the newest commit the cache applied, or the commit after it, lies outside the
+    history because its writer wrote it in a version commit GC had freed and died (or was
+    refused) before taking it back: such a commit was never acknowledged."""
+    applied: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_commit())
+    if applied is None:
+        return False
+    version = applied[0]
+    for candidate in (commit_name(version), commit_name(version + 1)):
+        try:
+            commit = decode_commit(candidate, the_log.storage.read(candidate))
+        except FileNotFoundError:
+            continue
+        if _left_in_freed_version(the_log, commit):
+            return True
+    return False
 
 
 def _left_in_freed_version(the_log: Log, commit: Commit) -> bool:
@@ -291,17 +441,14 @@ def _left_in_freed_version(the_log: Log, commit: Commit) -> bool:
 
 
 def _reset_cache(the_log: Log) -> None:
-    """Empty the metadata cache (keeping the store's identity and producer id) so that the
-    next catch-up loads the newest checkpoint."""
+    """Empty the metadata cache (keeping the store's identity) so that the next catch-up loads
+    the newest checkpoint and replays from there, as a fresh cache does."""
     uuid = the_log.identity.store_uuid.encode()
 
     def reset(txn: Any) -> None:
         meta = MetaTxn(the_log.env, txn)
-        producer_id = meta.get_meta("store_producer_id")
         meta.clear()
         meta.put_meta("uuid", uuid)
         meta.put_meta("index_ready", b"1")
-        if producer_id is not None:
-            meta.put_meta("store_producer_id", producer_id)
 
     the_log.env.write(reset)

@@ -326,8 +326,11 @@ def test_a_writer_that_could_not_check_its_commit_after_a_restore_never_writes_o
         assert reader.check() == []
         assert reader.get(b"a") == b"1"
         assert reader.get(b"d") is None
-    # The same cache, reopened, is rebuilt from the restored root and writes on from there.
-    with kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET) as again:
+    # The same cache, reopened, names the commits of the lost history it applied; accepting
+    # their loss rebuilds it from the restored root, and it writes on from there.
+    with pytest.raises(StorageBehindError, match=r"commits log/0+3\.json to log/0+5\.json"):
+        kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET)
+    with kvlog.open(root, cache_dir=tmp_path / "cache", on_storage_behind="rebuild", **QUIET) as again:
         again.put(b"f", b"6", sync=True)
         assert again.get(b"f") == b"6"
         assert again.get(b"d") is None

@@ -381,6 +381,7 @@ class ProcessWriter:
         spec = {
             "mode": "writer", "writer": self.name, "backend": self.world.backend.kind,
             "root": self.world.backend.root, "cache_dir": str(self.world.cache_dir(self.name)),
+            "restored_file": str(self.world.restored_file),
             "settings": {**self.world.settings, "background_compaction": self.background_compaction,
                          **self.world.forced},
             "producer_id": self.producer_id, "counter_start": self.incarnation * 1_000_000,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import kvlog
-from kvlog.errors import KvlogError
+from kvlog.errors import KvlogError, StorageBehindError
 from kvlog.log.naming import commit_name
 
 from .model import make_value, parse_value
@@ -148,6 +148,12 @@ def run_damage(seed: int, backend: Backend, workdir: Path, *, keep: bool = False
             if kind != "delete-commit" and not _names_damage(findings, damaged, None):
                 violations.append(f"a new cache: check() does not name the damaged {damaged} ({kind}): {findings[:5]}")
             violations += _reads(fresh, "a new cache", keys, latest, history, strict=kind != "delete-commit")
+        # The writer's cache reopened: after ``delete-commit`` it holds a commit storage lost, so
+        # the open names it and changes nothing, until the loss is accepted.
+        writer.close(flush=False)
+        writer = None
+        if kind == "delete-commit":
+            violations += _reopen_behind(world, damaged)
     except Exception as e:  # noqa: BLE001 - reported
         import traceback
 
@@ -165,6 +171,27 @@ def run_damage(seed: int, backend: Backend, workdir: Path, *, keep: bool = False
     if result.ok and not keep:
         shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+def _reopen_behind(world: World, damaged: str) -> list[str]:
+    """Reopen the writer's cache after its newest commit was deleted: the default open raises
+    :class:`StorageBehindError` naming the commit; ``on_storage_behind="rebuild"`` opens, and
+    its ``check()`` is clean."""
+    try:
+        store, _storage = world.open("writer", world.cache_dir("writer"), FaultSpec(), on_storage_behind="raise")
+    except StorageBehindError as e:
+        if damaged not in str(e):
+            return [f"reopening the writer's cache raised StorageBehindError not naming {damaged}: {e}"]
+        world.log(f"reopening the writer's cache: {classify(e)}")
+    else:
+        store.close()
+        return [f"reopening the writer's cache after {damaged} was deleted did not raise StorageBehindError"]
+    store, _storage = world.open("writer", world.cache_dir("writer"), FaultSpec(), on_storage_behind="rebuild")
+    try:
+        findings = store.check()
+    finally:
+        store.close(flush=False)
+    return [f"the writer's cache rebuilt: check() found {findings[:5]}"] if findings else []
 
 
 def _reads(store: kvlog.Store, who: str, keys: list[str], latest: dict[str, bytes | None],

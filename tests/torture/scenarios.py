@@ -418,6 +418,7 @@ class Restore(Action):
                 raw.put(name, data)
             done = time.monotonic_ns()
             run.world.history.restores.append((taken, done))
+            run.world.restored_file.touch()
             run.world.restore_count += 1
         raw.close()
         run.world.log(f"restore {self.tag}: {removed} newer objects removed, {len(objects)} put back")

@@ -115,6 +115,9 @@ class World:
         self._log_file = open(workdir / "run.log", "a", buffering=1)  # noqa: SIM115
         self._names = 0
         self.restore_count = 0
+        #: Made by the first restore, for writer processes: from then on a cache may hold commits
+        #: the restore took away, and reopening it accepts their loss.
+        self.restored_file = workdir / "restored"
 
     # -- logging ------------------------------------------------------------------------------------
     def log(self, text: str) -> None:
@@ -170,7 +173,7 @@ class World:
              producer_id: int | None = None, **overrides: Any) -> tuple[kvlog.Store, TortureStorage]:
         """Open the store in this process (the shared clock, the run's settings plus ``overrides``)."""
         storage = self.storage(label, spec)
-        settings = {**self.settings, **overrides, **self.forced}
+        settings = {"on_storage_behind": self.on_storage_behind(), **self.settings, **overrides, **self.forced}
         try:
             store = kvlog.open(storage, cache_dir=cache, clock=self.clock, read_only=read_only,
                                producer_id=None if read_only else producer_id, **settings)
@@ -178,6 +181,12 @@ class World:
             storage.close()
             raise
         return store, storage
+
+    def on_storage_behind(self) -> str:
+        """What an open does with a cache of commits storage lost: a deliberate restore of the
+        root takes commits away, so after one the loss is accepted ("rebuild"); before any, a
+        cache ahead of storage is a finding, and opening raises."""
+        return "rebuild" if self.restore_count else "raise"
 
     def partition_of(self, key: str) -> int:
         from kvlog.log.records import partition_for_key
