@@ -22,7 +22,7 @@ from kvlog.clock import Clock, IdSource
 from kvlog.compaction import CompactionReport, Compactor
 from kvlog.config import KEY_BYTES_LIMIT, StoreConfig
 from kvlog.consumer import Consumer
-from kvlog.errors import InvalidRecordError, ReadOnlyError, StoreClosedError
+from kvlog.errors import ConfigError, InvalidRecordError, ReadOnlyError, StoreClosedError
 from kvlog.index import STALE, IndexEntry, IndexReader, RecordExpired
 from kvlog.log import Log, open_log, pins_named
 from kvlog.log.disk_usage import disk_usage
@@ -472,6 +472,24 @@ class Store(StoreMapping):
         return f"Store({self.log.storage.uri!r}, partitions={self.log.partitions}, {state})"
 
 
+def _check_open_arguments(uri: object, cache_dir: object, clock: object, ids: object) -> None:
+    """:class:`ConfigError` before anything is created for a location that is not UTF-8 text
+    (the metadata cache and object stores need it as text) and for a ``clock`` or ``ids`` that
+    lacks the methods of :class:`~kvlog.Clock` or :class:`~kvlog.IdSource`."""
+    for what, where in (("uri", uri), ("cache_dir", cache_dir)):
+        if isinstance(where, str | os.PathLike):
+            text = os.fspath(where)
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise ConfigError(f"{what} {text!r} is not valid UTF-8 text (at character {e.start})") from None
+    if clock is not None and not all(callable(getattr(clock, m, None)) for m in ("now_ms", "monotonic_s")):
+        raise ConfigError(f"clock must be a kvlog.Clock (now_ms and monotonic_s), not {type(clock).__name__}")
+    if ids is not None and not callable(getattr(ids, "token", None)):
+        raise ConfigError(f"ids must be a kvlog.IdSource (token), not {type(ids).__name__}")
+
+
 def open_store(
     uri: str | os.PathLike[str] | Storage,
     *,
@@ -488,6 +506,7 @@ def open_store(
     **settings: Any,
 ) -> Store:
     """Open or create a store; see :func:`kvlog.open`."""
+    _check_open_arguments(uri, cache_dir, clock, ids)
     cfg = StoreConfig.from_settings(config, **settings)
     if partitions is not None:
         cfg = StoreConfig.from_settings(cfg, partitions=partitions)

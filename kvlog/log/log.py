@@ -62,10 +62,10 @@ _SNAPSHOT_ATTEMPTS = 8
 
 
 def check_read_offset(offset: object, what: str) -> int:
-    """``offset`` if it is an offset a read may start or stop at (an int >= 0, not a bool),
-    else :class:`InvalidRecordError` naming ``what``."""
-    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-        raise InvalidRecordError(f"{what} must be an integer >= 0, not {offset!r:.60}")
+    """``offset`` if it is an offset a read may start or stop at (an int in [0, 2**63), not a
+    bool: offsets are 64-bit), else :class:`InvalidRecordError` naming ``what``."""
+    if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < 2**63:
+        raise InvalidRecordError(f"{what} must be an integer in [0, 2**63), not {offset!r:.60}")
     return offset
 
 

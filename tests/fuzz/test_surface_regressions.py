@@ -46,10 +46,11 @@ def test_partition_for_refuses_what_is_not_a_key(store: kvlog.Store, key: Any) -
     assert store.log.partition_for("k1") == store.log.partition_for(b"k1") == store.log.partition_for(bytearray(b"k1"))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("offset", [None, "1", 1.5, True, -1, [0]])
+@pytest.mark.parametrize("offset", [None, "1", 1.5, True, -1, [0], 2**64, 10**100])
 def test_changes_and_read_refuse_offsets_that_are_not_ints(store: kvlog.Store, offset: Any) -> None:
     # changes(from_offset=None) raised TypeError ('<' between NoneType and int), and only once
-    # iterated when no partition was given; read's to_offset was not checked at all.
+    # iterated when no partition was given; read's to_offset was not checked at all; 2**64 raised
+    # struct.error from the cache's 64-bit batch key.
     _refused(store, InvalidRecordError, lambda: store.changes(None, offset))
     _refused(store, InvalidRecordError, lambda: store.changes(0, offset))
     _refused(store, InvalidRecordError, lambda: store.log.read(0, offset))
@@ -84,3 +85,24 @@ def test_aio_changes_refuses_a_partition_that_is_not_an_int(tmp_path: Path, part
                     pass
             assert [r.key async for r in aio.changes(None)] == [b"k"]
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("where", ["uri", "cache_dir"])
+def test_open_refuses_a_location_that_is_not_utf8_before_creating_it(tmp_path: Path, where: str) -> None:
+    # A path holding "\udc80" (a byte that is not UTF-8, as os.fsdecode gives it) raised
+    # UnicodeEncodeError from LMDB after the store directory had been made.
+    bad = str(tmp_path / "store\udc80")
+    uri, cache_dir = (bad, None) if where == "uri" else (str(tmp_path / "store"), bad)
+    with pytest.raises(ConfigError):
+        kvlog.open(uri, cache_dir=cache_dir, **QUIET)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("what", ["clock", "ids"])
+@pytest.mark.parametrize("value", [[5, None], 7, "clock", object()])
+def test_open_refuses_a_clock_or_ids_without_their_methods(tmp_path: Path, what: str, value: Any) -> None:
+    # clock=[5, None] raised AttributeError ('list' object has no attribute 'now_ms') after the
+    # store directory had been made; ids likewise.
+    with pytest.raises(ConfigError):
+        kvlog.open(str(tmp_path / "store"), **{what: value}, **QUIET)
+    assert list(tmp_path.iterdir()) == []
