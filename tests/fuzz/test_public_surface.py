@@ -14,7 +14,7 @@ with ``..``), mixed with valid arguments.
 The oracle, per call: it succeeds, or it raises a :class:`kvlog.KvlogError`. The exceptions a
 ``dict`` raises in the same place are allowed there and only there: ``KeyError`` from
 ``store[key]``, ``del store[key]`` and ``store.pop(key)`` without a default for a well-formed key
-that is missing, and from ``popitem()`` on an empty store. Any other exception is a failure. A
+that is missing. Any other exception is a failure. A
 refused call leaves every file of the store and of its metadata cache byte-identical, and so
 does a flush after it (nothing of the refused call was buffered either); a read-only call
 leaves them byte-identical even when it succeeds. ``lock.mdb`` is left out of the comparison:
@@ -32,7 +32,10 @@ The command line runs in this process through ``kvlog.cli.main(argv)`` (exit cod
 as a real process running what the ``kvlog`` console script runs (``sys.exit(main())``). Its
 oracle: exit 0, or a non-zero exit with exactly one line on stderr, no traceback, and not a bare Python exception caught by the command
 line's last resort (``kvlog: error: TypeError: ...``); a refused command changes no file.
-``demo`` always gets ``--no-spark`` and a small ``--records``, and ``spark`` jobs get URIs
+Calls that wait as documented are kept short: a valid positive timeout of ``Consumer.poll``
+(over some partitions) and ``Log.wait_for_commit`` (for a version not yet reached) becomes
+0.01 s, and ``kvlog.aio``'s ``changes`` gets only false ``follow`` values (a true one waits
+for new commits until closed). ``demo`` always gets ``--no-spark`` and a small ``--records``, and ``spark`` jobs get URIs
 that hold no store (refused before a JVM starts), so the fuzzer stays fast.
 
 Budget. By default each Python target runs 30 examples, each command-line target 8, and the
@@ -512,10 +515,6 @@ STORE_TARGETS: list[Target] = [
     Target("producer.append", _producer_append),
 ]
 
-# The known findings other branches fix; KVLOG_FUZZ_SKIP_KNOWN=1 leaves them out of a run.
-SKIP_KNOWN = os.environ.get("KVLOG_FUZZ_SKIP_KNOWN") == "1"
-
-
 @pytest.mark.parametrize("target", STORE_TARGETS, ids=lambda t: t.name)
 @FUZZ
 @given(data=st.data())
@@ -528,10 +527,6 @@ def test_store_surface(fresh: Subject, target: Target, data: st.DataObject) -> N
         fresh.snapshot()
     call = target.make(store, data.draw)
     last = getattr(target.make, "last", {"args": [None], "kwargs": {}})
-    if SKIP_KNOWN and target.name == "compact" and "now_ms" in last["kwargs"]:
-        now = last["kwargs"]["now_ms"]
-        if not (now is None or (type(now) is int and now >= 0)):
-            return
     check_call(fresh, target.name, call, reads_only=target.reads_only, allowed=target.allowed(last),
                flush=store.flush)
 
@@ -573,29 +568,17 @@ def open_arguments(area: Path, draw: Draw) -> tuple[Any, dict[str, Any]]:
     return uri, kwargs
 
 
-def _known_open(uri: Any, kwargs: dict[str, Any]) -> bool:
-    """The calls of ``kvlog.open`` the opening branch fixes (bad URIs: NUL, not text, query, fragment)."""
-    return (not isinstance(uri, str | os.PathLike) or (isinstance(uri, str) and ("\x00" in uri or "?" in uri or "#" in uri))
-            or uri in ("", ".."))
-
-
 @FUZZ
 @given(data=st.data())
 def test_open_surface(open_area: Subject, data: st.DataObject, monkeypatch: pytest.MonkeyPatch) -> None:
     """``kvlog.open``: a store or a KvlogError; a refused open changes no file anywhere near."""
     monkeypatch.chdir(open_area.root / "work")
     uri, kwargs = open_arguments(open_area.root, data.draw)
-    if SKIP_KNOWN and _known_open(uri, kwargs):
-        return
     open_area.snapshot()
 
     def call() -> None:
         kvlog.open(uri, **kwargs).close()
-    try:
-        check_call(open_area, f"open({uri!r}, {kwargs!r})", call, reads_only=False)
-    except AssertionError as e:
-        if not (SKIP_KNOWN and "changed" in str(e)):
-            raise
+    check_call(open_area, f"open({uri!r}, {kwargs!r})", call, reads_only=False)
 
 
 @FUZZ
@@ -606,18 +589,12 @@ def test_aio_open_surface(open_area: Subject, data: st.DataObject, monkeypatch: 
     uri, kwargs = open_arguments(open_area.root, data.draw)
     kwargs.pop("checkpoint", None)
     kwargs.update(kw(data.draw, workers=arg(1, 4)))
-    if SKIP_KNOWN and _known_open(uri, kwargs):
-        return
     open_area.snapshot()
 
     async def go() -> None:
         async with kvlog.aio.open(uri, **kwargs):
             pass
-    try:
-        check_call(open_area, f"aio.open({uri!r}, {kwargs!r})", lambda: asyncio.run(go()), reads_only=False)
-    except AssertionError as e:
-        if not (SKIP_KNOWN and "changed" in str(e)):
-            raise
+    check_call(open_area, f"aio.open({uri!r}, {kwargs!r})", lambda: asyncio.run(go()), reads_only=False)
 
 
 # -- kvlog.aio: the AsyncStore methods -------------------------------------------------------------
@@ -698,11 +675,7 @@ def test_aio_surface(aio_subject: AioSubject, target: Target, data: st.DataObjec
     sync_store = aio_subject.store.sync
     seed(sync_store)
     aio_subject.snapshot()
-    kwargs_seen: dict[int, Any] = {}
-    call = target.make(aio_subject.store, lambda s: kwargs_seen.setdefault(len(kwargs_seen), data.draw(s)))
-    if SKIP_KNOWN and target.name == "aio.compact" and any(
-            not (v is None or isinstance(v, bool) or (type(v) is int and v >= 0)) for v in kwargs_seen.values()):
-        return
+    call = target.make(aio_subject.store, data.draw)
     check_call(aio_subject, target.name, call, reads_only=target.reads_only, flush=sync_store.flush)
 
 
@@ -764,12 +737,6 @@ def cli_argv(store: str, area: Path, draw: Draw) -> list[str]:
     return argv
 
 
-def _known_cli(argv: list[str]) -> bool:
-    """Commands the command-line branch fixes: a put of a bad key, a consume of a bad group or
-    partition, which commit a producer registration before they are refused."""
-    return False
-
-
 @pytest.fixture(scope="module")
 def cli_area(tmp_path_factory: pytest.TempPathFactory) -> Subject:
     area = tmp_path_factory.mktemp("cli")
@@ -798,8 +765,6 @@ def test_cli_surface(cli_area: Subject, data: st.DataObject, monkeypatch: pytest
     file of the store or around it changed."""
     monkeypatch.chdir(cli_area.root / "work")
     argv = cli_argv(str(cli_area.root / "store"), cli_area.root, data.draw)
-    if SKIP_KNOWN and _known_cli(argv):
-        return
     before = cli_area.snapshot()
     out, err = io.BytesIO(), io.StringIO()
     stdout = io.TextIOWrapper(out, encoding="utf-8", errors="surrogateescape", write_through=True)
@@ -813,8 +778,6 @@ def test_cli_surface(cli_area: Subject, data: st.DataObject, monkeypatch: pytest
     cli_outcome(code, err.getvalue(), f"kvlog {argv!r}")
     if code != 0 or argv[0] in ("get", "scan", "stats", "check") or "--no-commit" in argv:
         diff = changed(before, tree(cli_area.root))
-        if SKIP_KNOWN and diff and argv[0] in ("put", "consume", "delete"):
-            return
         assert not diff, f"kvlog {argv!r} (exit {code}: {err.getvalue()!r}) changed {diff}"
 
 
@@ -829,8 +792,6 @@ def test_cli_process_surface(cli_area: Subject, data: st.DataObject) -> None:
     """A few drawn command lines as a real ``kvlog`` process (bytes on the argv, a
     real exit status and stderr): the same oracle."""
     argv = cli_argv(str(cli_area.root / "store"), cli_area.root, data.draw)
-    if SKIP_KNOWN and _known_cli(argv):
-        return
     before = cli_area.snapshot()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(kvlog.__file__).parent.parent),
                                                         os.environ.get("PYTHONPATH", "")])}
@@ -841,6 +802,4 @@ def test_cli_process_surface(cli_area: Subject, data: st.DataObject) -> None:
     cli_outcome(done.returncode, err, f"kvlog {argv!r}")
     if done.returncode != 0:
         diff = changed(before, tree(cli_area.root))
-        if SKIP_KNOWN and diff and argv[0] in ("put", "consume", "delete"):
-            return
         assert not diff, f"kvlog {argv!r} (exit {done.returncode}: {err!r}) changed {diff}"
