@@ -106,3 +106,10 @@ def test_open_refuses_a_clock_or_ids_without_their_methods(tmp_path: Path, what:
     with pytest.raises(ConfigError):
         kvlog.open(str(tmp_path / "store"), **{what: value}, **QUIET)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("records", [-6.1e16, 7, None, object()])
+def test_producer_append_refuses_records_that_are_not_a_sequence(store: kvlog.Store, records: Any) -> None:
+    # append(0, -6.1e16, base_sequence=0) raised TypeError ('float' object is not iterable).
+    producer = store.log.producer()
+    _refused(store, InvalidRecordError, lambda: producer.append(0, records, base_sequence=0))
