@@ -249,6 +249,8 @@ class AsyncStore:
 
     def _round(self, partition: int | None, from_offset: int, cursors: dict[int, int]) -> Iterator[Record]:
         """In a worker: each partition's records from its cursor on, moving the cursors."""
+        if partition is not None:
+            self._store.log.check_partition(partition)  # before it keys the cursors
         parts = range(self._store.log.partitions) if partition is None else (partition,)
         for p in parts:
             for record in self._store.changes(p, cursors.get(p, from_offset)):

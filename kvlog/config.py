@@ -150,11 +150,13 @@ class StoreConfig:
     @classmethod
     def from_settings(cls, base: StoreConfig | None = None, **settings: Any) -> StoreConfig:
         """A config from ``base`` (or the defaults) with ``settings`` replaced; unknown names are refused."""
+        if base is not None and not isinstance(base, StoreConfig):
+            raise ConfigError(f"config must be a StoreConfig or None, not {type(base).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(settings) - known)
         if unknown:
             raise ConfigError(_unknown_message(unknown, sorted(known)))
-        return dataclasses.replace(base or cls(), **settings)
+        return dataclasses.replace(cls() if base is None else base, **settings)
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as a plain dict."""

@@ -368,10 +368,12 @@ class Store(StoreMapping):
         self._maybe_refresh()
         if partition is not None:
             return self._while_open(self.log.read(partition, from_offset))
+        # Every partition's reader is made here, so a bad offset is refused by the call itself.
+        readers = [self.log.read(p, from_offset) for p in range(self.log.partitions)]
 
         def every() -> Iterator[Record]:
-            for p in range(self.log.partitions):
-                yield from self.log.read(p, from_offset)
+            for reader in readers:
+                yield from reader
 
         return self._while_open(every())
 

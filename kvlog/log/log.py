@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from kvlog.clock import Clock, IdSource
-from kvlog.config import StoreConfig
+from kvlog.config import KEY_BYTES_LIMIT, StoreConfig
 from kvlog.errors import CorruptDataError, InvalidRecordError, KvlogError, StoreClosedError
 from kvlog.format.commit import Commit, FileEntry
 from kvlog.format.identity import Identity
@@ -48,7 +48,7 @@ from kvlog.log.reader import (
     value_in_batch,
     values_in_batches,
 )
-from kvlog.log.records import AppendResult, Record, partition_for_key
+from kvlog.log.records import AppendResult, Record, partition_for_key, to_key
 from kvlog.log.replay import ApplySettings
 from kvlog.meta import CommitOutcome, EncodedRow, LiveBatch, LmdbEnv, MetaReader, release_env
 from kvlog.progress import progress
@@ -60,6 +60,14 @@ log = logging.getLogger("kvlog.log")
 
 #: How many times :meth:`Log.snapshot` applies its function when map resizes keep ending it.
 _SNAPSHOT_ATTEMPTS = 8
+
+
+def check_read_offset(offset: object, what: str) -> int:
+    """``offset`` if it is an offset a read may start or stop at (an int in [0, 2**63), not a
+    bool: offsets are 64-bit), else :class:`InvalidRecordError` naming ``what``."""
+    if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < 2**63:
+        raise InvalidRecordError(f"{what} must be an integer in [0, 2**63), not {offset!r:.60}")
+    return offset
 
 
 class Log:
@@ -107,9 +115,12 @@ class Log:
         return self.identity.partitions
 
     def partition_for(self, key: bytes | str) -> int:
-        """The partition of ``key`` (XXH3-64 of its bytes modulo the partition count)."""
-        data = key.encode("utf-8") if isinstance(key, str) else bytes(key)
-        return partition_for_key(data, self.partitions)
+        """The partition of ``key`` (XXH3-64 of its bytes modulo the partition count).
+
+        ``key`` is any key a store may hold (bytes-like, or str as UTF-8); anything else is an
+        :class:`InvalidRecordError`, as it is for a put.
+        """
+        return partition_for_key(to_key(key, KEY_BYTES_LIMIT), self.partitions)
 
     def check_partition(self, partition: int) -> int:
         """``partition``, if it is one of this log's; else :class:`InvalidRecordError`."""
@@ -182,8 +193,9 @@ class Log:
         """Records of ``partition`` in offset order from ``from_offset`` (to ``to_offset``), skipping holes."""
         self.check_open()
         self.check_partition(partition)
-        if from_offset < 0:
-            raise InvalidRecordError("from_offset must be >= 0")
+        check_read_offset(from_offset, "from_offset")
+        if to_offset is not None:
+            check_read_offset(to_offset, "to_offset")
         return self._read(partition, from_offset, to_offset)
 
     def _read(self, partition: int, from_offset: int, to_offset: int | None) -> Iterator[Record]:
@@ -416,7 +428,11 @@ class Log:
     # -- garbage collection: kvlog.log.gc -----------------------------------------------------
     def gc(self, now_ms: int | None = None) -> dict[str, int]:
         """Delete replaced files past their delay, orphan data files, and commits behind the
-        newest checkpoint (see ``kvlog.log.gc``); how many of each kind."""
+        newest checkpoint (see ``kvlog.log.gc``); how many of each kind. ``now_ms`` (an int
+        >= 0 of milliseconds since the epoch) overrides the clock for the deletion delays."""
+        if now_ms is not None and (not isinstance(now_ms, int) or isinstance(now_ms, bool)
+                                   or not 0 <= now_ms < 2**63):
+            raise InvalidRecordError(f"now_ms must be an integer of milliseconds in [0, 2**63), not {now_ms!r}")
         return gc.collect_garbage(self, now_ms)
 
     def close(self) -> None:

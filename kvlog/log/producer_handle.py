@@ -8,7 +8,7 @@ same instant, exactly one of them gets each epoch and the others retry.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvlog.errors import (
@@ -44,6 +44,9 @@ class Producer:
             raise InvalidRecordError("base_sequence must be an integer")
         if not 0 <= base_sequence < 2**31:
             raise OutOfOrderSequenceError(f"base_sequence {base_sequence} outside [0, 2^31)")
+        if isinstance(records, str | bytes | bytearray | memoryview) or not isinstance(records, Iterable):
+            raise InvalidRecordError(f"records must be a sequence of (key, value, ...) tuples, not "
+                                     f"{type(records).__name__}")
         cfg = self._log.config
         valid = validate_records(records, default_timestamp=self._log.clock.now_ms(),
                                  max_key_bytes=cfg.max_key_bytes, max_record_bytes=cfg.max_record_bytes)
