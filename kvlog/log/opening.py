@@ -415,20 +415,29 @@ def _versions_text(versions: list[int]) -> str:
 
 def _holds_a_stray_commit(the_log: Log) -> bool:
     """Whether the newest commit the cache applied, or the commit after it, lies outside the
-    history because its writer wrote it in a version commit GC had freed and died (or was
-    refused) before taking it back: such a commit was never acknowledged."""
+    history because its writer wrote it in a version commit GC had freed (and took it back, or
+    died, or was refused, before it could): such a commit was never acknowledged."""
     applied: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_commit())
     if applied is None:
         return False
-    version = applied[0]
-    for candidate in (commit_name(version), commit_name(version + 1)):
-        try:
-            commit = decode_commit(candidate, the_log.storage.read(candidate))
-        except FileNotFoundError:
-            continue
-        if _left_in_freed_version(the_log, commit):
-            return True
-    return False
+    version, commit_id = applied[0], applied[1]
+    storage = the_log.storage
+    try:
+        head: Commit | None = decode_commit(commit_name(version), storage.read(commit_name(version)))
+    except FileNotFoundError:
+        head = None
+    if head is None:
+        # Taken back: the history's next commit names another commit, and the version the
+        # cache's head took lies below a checkpoint past it, with the commit before it collected.
+        return (storage.exists(commit_name(version + 1)) and not followed_by(storage, version, commit_id)
+                and left_behind(storage, version))
+    if _left_in_freed_version(the_log, head):
+        return True
+    after = commit_name(version + 1)
+    try:
+        return _left_in_freed_version(the_log, decode_commit(after, storage.read(after)))
+    except FileNotFoundError:
+        return False
 
 
 def _left_in_freed_version(the_log: Log, commit: Commit) -> bool:

@@ -6,13 +6,10 @@ the map and retries the transaction function; ``MapResizedError`` (another
 process grew it) adopts the new size. Stale reader slots of dead processes are
 cleared on open.
 
-The map is read-only memory: write transactions keep their dirty pages in memory LMDB
-allocates and write them to the file with ``pwrite`` at commit (``writemap=False``). The data
-file is sparse, and a write through a writable map to a page the filesystem has no block for
-(a full disk) kills the process with SIGBUS; ``pwrite`` returns ``ENOSPC`` instead, which is a
-``StorageError`` like every other LMDB failure, and the aborted transaction leaves the cache as
-its last commit left it. The cost is heap for the dirty pages of one transaction (a flush's
-index and catalog rows) in place of page cache.
+The map is read-only: write transactions keep dirty pages in LMDB's heap and ``pwrite`` them
+at commit (``writemap=False``), because a store through a writable map to a page of the sparse
+file that a full disk has no block for is a SIGBUS, where ``pwrite`` fails with ``ENOSPC``: a
+``StorageError`` that aborts the transaction and leaves the cache as its last commit left it.
 
 Commits are not fsynced: the cache is rebuildable, and a process crash loses
 nothing (its pages are in the page cache). Only a machine crash can leave a

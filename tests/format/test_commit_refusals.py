@@ -69,7 +69,7 @@ BAD_FIELDS: dict[str, list[Any]] = {
     "epoch": [2**63, 1.5, NAN],
     "previous_id": [5],
     "remove": [(5,), ("",), ("\udfff",)],
-    "info": [{1: "x"}, {"x": NAN}, {"x": INF}, {"x": (1, 2)}, {"x": object()}, {"x": 2**64}, {"x": {2: 1}}],
+    "info": [{1: "x"}, {"x": NAN}, {"x": INF}, {"x": (1, 2)}, {"x": object()}, {"x": {2: 1}}],
     "file_id": ["", "\ud800", 7],
     "path": ["", "p" * 512, None],
     "level": [-1, 2**63, 1.5],

@@ -181,8 +181,11 @@ def test_a_cache_that_applied_a_commit_written_in_a_freed_version_is_told_to_reo
     hooked = HookAfterCommit(root, fsync=False)
     a = kvlog.open(hooked, cache_dir=tmp_path / "a", **SETTINGS)
     c = kvlog.open(root, cache_dir=tmp_path / "c", **SETTINGS)
+    # Two commits of A's own, so that A's head is a commit it checked after landing it (it then
+    # skips reading its head before its next commit).
     a.put(b"a0", b"a0", sync=True)
-    keys = [b"a0"]
+    a.put(b"a1", b"a1", sync=True)
+    keys = [b"a0", b"a1"]
     head = a.log.version
     assert c.log.refresh() == head
     with kvlog.open(root, cache_dir=tmp_path / "b", **SETTINGS) as b:

@@ -37,7 +37,7 @@ def test_a_writer_refuses_to_write_after_its_root_was_restored_from_an_older_cop
         store.close(flush=False)
     # Reopening names the lost commits (b's and c's) and changes nothing, until the loss is
     # accepted: then the cache is rebuilt from storage, the restored state, and writes work again.
-    with pytest.raises(StorageBehindError, match=r"commits log/0+3\.json to log/0+5\.json, which the cache applied, are missing"):
+    with pytest.raises(StorageBehindError, match=r"commits log/0+2\.json to log/0+3\.json, which the cache applied, are missing"):
         kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET)
     with kvlog.open(root, cache_dir=tmp_path / "cache", on_storage_behind="rebuild", **QUIET) as again:
         assert again.get(b"a") == b"1" and again.get(b"b") is None
@@ -64,7 +64,7 @@ def test_a_writer_detects_a_history_rewritten_after_a_restore(tmp_path: Path) ->
             store.put(b"c", b"3", sync=True)
     finally:
         store.close(flush=False)
-    with pytest.raises(StorageBehindError, match=r"commit log/0+3\.json .*differs"):
+    with pytest.raises(StorageBehindError, match=r"commit log/0+2\.json .*differs"):
         kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET)
     with kvlog.open(root, cache_dir=tmp_path / "cache", on_storage_behind="rebuild", **QUIET) as again:
         assert again.get(b"o2") == b"x" and again.get(b"b") is None
