@@ -375,11 +375,11 @@ def storage_behind(the_log: Log) -> tuple[str, str] | None:
         if newest_checkpoint(the_log.storage) > version:
             return None
         missing = _missing_versions(the_log, version)
-        are = "is" if len(missing) == 1 else "are"
+        are, they = ("is", "it holds") if len(missing) == 1 else ("are", "they hold")
         return commit_name(missing[0]), (
             f"{_versions_text(missing)}, which the cache applied, {are} missing from the storage "
             f"root {the_log.storage.uri} (restored from an older copy, or deleted): the writes "
-            "they hold are lost")
+            f"{they} are lost")
     if crc32c(data) != crc:
         return name, (f"commit {name} in {the_log.storage.uri} differs from the commit the cache applied "
                       "at that version (restored from an older copy, or replaced): the writes of the "
