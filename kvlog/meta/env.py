@@ -1,30 +1,25 @@
 """One LMDB environment per directory per process, with map growth handled inside.
 
-LMDB forbids opening the same environment twice in one process, so handles
-are shared through a registry and reference-counted. ``MapFullError`` doubles
-the map and retries the transaction function; ``MapResizedError`` (another
-process grew it) adopts the new size. Stale reader slots of dead processes are
-cleared on open.
+LMDB forbids opening the same environment twice in one process, so handles are shared through
+a registry and reference-counted. ``MapFullError`` doubles the map and retries the transaction
+function; ``MapResizedError`` (another process grew it) adopts the new size. Stale reader slots
+of dead processes are cleared on open. ``writemap`` makes write transactions modify the map
+directly, so dirty pages are page cache, never heap that grows with a transaction; the file is
+sparse, and the pages a transaction may add get their disk blocks first
+(:mod:`kvlog.meta.reserve`): a full disk is a ``StorageError`` before it, not a SIGBUS inside.
 
-The map is read-only: write transactions keep dirty pages in LMDB's heap and ``pwrite`` them
-at commit (``writemap=False``), because a store through a writable map to a page of the sparse
-file that a full disk has no block for is a SIGBUS, where ``pwrite`` fails with ``ENOSPC``: a
-``StorageError`` that aborts the transaction and leaves the cache as its last commit left it.
-
-Commits are not fsynced: the cache is rebuildable, and a process crash loses
-nothing (its pages are in the page cache). Only a machine crash can leave a
-torn file, so while processes have the cache open, a marker file holds the
-boot id; the first process to open the cache after a reboot finds an old boot
-id there and deletes the cache, which is then rebuilt from the storage root.
-The last process to close it syncs it and removes the marker. Where boot ids
-or ``flock`` are unavailable, every commit is synced instead.
+Commits are not fsynced: the cache is rebuildable, and a process crash loses nothing (its pages
+are in the page cache). Only a machine crash can leave a torn file, so while processes have the
+cache open, a marker file holds the boot id; the first process to open the cache after a reboot
+finds an old boot id there and deletes the cache, which is then rebuilt from the storage root.
+The last process to close it syncs it and removes the marker (without boot ids or ``flock``,
+every commit is synced).
 
 The cache is derived data, so damage costs a rebuild, never a wrong answer. LMDB trusts its
 pages (garbage in one can crash the process), so before LMDB reads a cache that was changed
 since the last process closed it cleanly (a crash, another program, the disk), the first
 process to open it checks the file's structure (:func:`check_lmdb_file`, with the key index's
-walker of the file: :func:`kvlog.index.check_cache_file`) and
-deletes a damaged cache. Every LMDB error becomes a :class:`~kvlog.errors.KvlogError`: damage
+walker of the file: :func:`kvlog.index.check_cache_file`) and deletes a damaged cache. Every LMDB error becomes a :class:`~kvlog.errors.KvlogError`: damage
 (``CorruptedError``, ``PageNotFoundError``, ...) is a ``CorruptDataError`` naming the cache,
 anything else a ``StorageError``. Damage found while the cache is in use is recorded (the key
 index is marked for rebuild, or a marker file makes the next opener delete the whole cache),
@@ -48,6 +43,7 @@ import lmdb
 from kvlog.errors import CorruptDataError, KvlogError, StorageError
 from kvlog.format.checksum import crc32c
 from kvlog.meta.map_gate import MapGate
+from kvlog.meta.reserve import PageReserve
 
 __all__ = [
     "CACHE_LAYOUT", "CacheDamage", "DB_NAMES", "FileWalker", "LMDB_ERROR", "SEALED_DBS", "LmdbEnv", "acquire_env",
@@ -254,6 +250,7 @@ class LmdbEnv:
         #: The name damage to this cache is reported under (``CorruptDataError.name``).
         self.name = f"metadata cache {path}"
         self._map_size = map_size
+        self._reserve = PageReserve(path / "data.mdb")
         self._resize_lock = threading.RLock()
         #: Keeps reads of the map's views and resizes of the map apart.
         self.gate = MapGate()
@@ -283,7 +280,7 @@ class LmdbEnv:
         there raises), and apply a reader's damage report or an index layout change."""
         env = lmdb.open(
             str(self.path), map_size=self._map_size, max_dbs=len(DB_NAMES) + 2, max_readers=1024,
-            metasync=False, sync=self._held is None, readahead=False, subdir=True, writemap=False,
+            metasync=False, sync=self._held is None, readahead=False, subdir=True, writemap=True,
         )
         try:
             env.reader_check()
@@ -438,12 +435,15 @@ class LmdbEnv:
         while True:
             try:
                 with self._resize_lock:
+                    used = self._reserve.before(self.env)
                     with self.env.begin(write=True) as txn:
                         self._local.writing = True
                         try:
-                            return fn(txn)
+                            result = fn(txn)
                         finally:
                             self._local.writing = False
+                    self._reserve.after(self.env, used)
+                    return result
             except lmdb.MapFullError:
                 self._grow()
             except lmdb.MapResizedError:
