@@ -14,6 +14,7 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,8 @@ class World:
         self._log_file = open(workdir / "run.log", "a", buffering=1)  # noqa: SIM115
         self._names = 0
         self.restore_count = 0
+        #: Called (last first) when the run ends, whatever happened: unmounts and the like.
+        self.cleanups: list[Callable[[], None]] = []
 
     # -- logging ------------------------------------------------------------------------------------
     def log(self, text: str) -> None:
