@@ -59,7 +59,7 @@ def open(  # noqa: A001 - the public name users call
     uri: str | os.PathLike[str] | Storage,
     *,
     partitions: int | None = None,
-    create: bool = True,
+    create: bool | None = None,
     read_only: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -68,13 +68,18 @@ def open(  # noqa: A001 - the public name users call
     ids: IdSource | None = None,
     producer_id: int | None = None,
     checkpoint: str | None = None,
+    on_storage_behind: str = "raise",
     **settings: Any,
 ) -> Store:
     """Open the store at ``uri`` (a directory, ``file:///abs/dir`` or ``s3://bucket/prefix``).
 
     ``partitions`` applies when the store is created (8 by default); on reopen a
-    different value is a :class:`ConfigError`. ``create=False`` refuses to create
-    (:class:`StoreNotFoundError`). ``read_only=True`` opens without a producer:
+    different value is a :class:`ConfigError`. By default (``create=None``) a local store
+    is created only in a missing or empty directory: a directory holding other files but
+    no ``kvlog.json`` is refused with :class:`StoreNotFoundError` and left untouched.
+    ``create=True`` creates anywhere, also among other files; ``create=False`` never
+    creates (:class:`StoreNotFoundError`). An ``s3://`` prefix is the store: it is
+    created there unless ``create=False``. ``read_only=True`` opens without a producer:
     many processes may read at once. ``cache_dir`` is where the LMDB metadata
     cache lives (default: ``<dir>/cache`` for local stores, ``~/.cache/kvlog/…``
     for object stores). ``storage_options`` configure object stores
@@ -84,9 +89,18 @@ def open(  # noqa: A001 - the public name users call
     older process of the same cache). Any :class:`StoreConfig` field may be given
     as a keyword, or a whole ``config``. ``checkpoint`` (with ``read_only=True``)
     opens the store exactly as it was at that named checkpoint (:meth:`Store.checkpoint`).
+
+    ``on_storage_behind`` says what to do when the cache applied commits the storage root no
+    longer holds (the root was restored from an older copy, or its newest commits deleted):
+    ``"raise"`` (the default) raises :class:`StorageBehindError` naming them and changes
+    nothing; ``"rebuild"`` accepts losing their writes and rebuilds the cache from storage.
+
+    A URI or argument of a wrong type or value (a NUL byte, a ``file://`` URI with a host,
+    query or fragment, an unknown scheme…) raises :class:`ConfigError` before anything is
+    created.
     """
     return open_store(
         uri, partitions=partitions, create=create, read_only=read_only, cache_dir=cache_dir,
         storage_options=storage_options, clock=clock, config=config, ids=ids,
-        producer_id=producer_id, checkpoint=checkpoint, **settings,
+        producer_id=producer_id, checkpoint=checkpoint, on_storage_behind=on_storage_behind, **settings,
     )

@@ -407,7 +407,7 @@ def open(  # noqa: A001 - the public name, as kvlog.open
     uri: str | os.PathLike[str] | Storage,
     *,
     partitions: int | None = None,
-    create: bool = True,
+    create: bool | None = None,
     read_only: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -415,6 +415,8 @@ def open(  # noqa: A001 - the public name, as kvlog.open
     config: StoreConfig | None = None,
     ids: IdSource | None = None,
     producer_id: int | None = None,
+    checkpoint: str | None = None,
+    on_storage_behind: str = "raise",
     workers: int = DEFAULT_WORKERS,
     **settings: Any,
 ) -> Opening:
@@ -426,5 +428,6 @@ def open(  # noqa: A001 - the public name, as kvlog.open
     return Opening(functools.partial(
         open_store, uri, partitions=partitions, create=create, read_only=read_only,
         cache_dir=cache_dir, storage_options=storage_options, clock=clock, config=config,
-        ids=ids, producer_id=producer_id, **settings,
+        ids=ids, producer_id=producer_id, checkpoint=checkpoint,
+        on_storage_behind=on_storage_behind, **settings,
     ), workers)

@@ -10,6 +10,7 @@ from kvlog.format.commit import decode_commit
 from kvlog.index import IndexReader
 from kvlog.log import Log
 from kvlog.log.naming import commit_name
+from kvlog.log.opening import storage_behind
 from kvlog.log.reader import records_of_batch
 from kvlog.meta import CleanerState, LiveBatch, LiveFile
 
@@ -86,10 +87,16 @@ def check_store(log: Log, *, deep: bool = False) -> list[str]:
 
 
 def _check_newest_commit(log: Log, version: int) -> list[str]:
-    """The newest applied commit is in storage, decodes, and is the one the cache applied."""
+    """The newest applied commit is in storage, decodes, and is the one the cache applied; when
+    not, the finding names every commit the cache applied that storage lost, as reopening the
+    store would (:class:`~kvlog.errors.StorageBehindError`)."""
     if version == 0:
         return []
     name = commit_name(version)
+    if log.frozen_at is None:
+        behind = storage_behind(log)
+        if behind is not None:
+            return [f"{behind[0]}: {behind[1]}"]
     applied = log.snapshot(lambda r: r.applied_commit())
     try:
         data = log.storage.read(name)

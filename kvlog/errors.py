@@ -93,7 +93,9 @@ class StorageBehindError(CorruptDataError):
     """The storage root is not the history the metadata cache applied: the newest commit the
     cache knows is missing or different (the root was restored from an older copy, or damaged).
 
-    Nothing was written. Reopening the store rebuilds its cache from storage.
+    Nothing was written. Reopening the store raises this error too, naming the commits the
+    cache applied that storage lacks, until the caller accepts losing them with
+    ``kvlog.open(uri, on_storage_behind="rebuild")``, which rebuilds the cache from storage.
     """
 
 

@@ -22,7 +22,7 @@ from kvlog.clock import Clock, IdSource
 from kvlog.compaction import CompactionReport, Compactor
 from kvlog.config import KEY_BYTES_LIMIT, StoreConfig
 from kvlog.consumer import Consumer
-from kvlog.errors import InvalidRecordError, ReadOnlyError, StoreClosedError
+from kvlog.errors import ConfigError, InvalidRecordError, ReadOnlyError, StoreClosedError
 from kvlog.index import STALE, IndexEntry, IndexReader, RecordExpired
 from kvlog.log import Log, open_log, pins_named
 from kvlog.log.disk_usage import disk_usage
@@ -474,7 +474,7 @@ def open_store(
     uri: str | os.PathLike[str] | Storage,
     *,
     partitions: int | None = None,
-    create: bool = True,
+    create: bool | None = None,
     read_only: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -483,15 +483,23 @@ def open_store(
     ids: IdSource | None = None,
     producer_id: int | None = None,
     checkpoint: str | None = None,
+    on_storage_behind: str = "raise",
     **settings: Any,
 ) -> Store:
-    """Open or create a store; see :func:`kvlog.open`."""
+    """Open or create a store; see :func:`kvlog.open`. Every argument is checked before
+    anything is created."""
+    if producer_id is not None and (not isinstance(producer_id, int) or isinstance(producer_id, bool)
+                                    or not 0 <= producer_id < 2**63):
+        raise ConfigError(f"producer_id must be an integer in [0, 2^63), not {producer_id!r}")
+    if config is not None and not isinstance(config, StoreConfig):
+        raise ConfigError(f"config must be a StoreConfig, not {type(config).__name__}")
     cfg = StoreConfig.from_settings(config, **settings)
     if partitions is not None:
         cfg = StoreConfig.from_settings(cfg, partitions=partitions)
     the_log = open_log(
         uri, create=create, partitions=partitions, read_only=read_only, cache_dir=cache_dir,
         storage_options=storage_options, config=cfg, clock=clock, ids=ids, checkpoint=checkpoint,
+        on_storage_behind=on_storage_behind,
     )
     try:
         return Store(the_log, producer_id=producer_id)

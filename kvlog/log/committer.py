@@ -48,6 +48,11 @@ __all__ = ["Committer", "OwnBatches", "link_broken"]
 
 log = logging.getLogger("kvlog.log")
 
+#: What a writer that found storage behind its cache tells its caller: reopening refuses the
+#: cache (:class:`StorageBehindError`) until the loss of the commits storage lost is accepted.
+REBUILD_REOPEN = ('reopen the store with on_storage_behind="rebuild" to rebuild its cache from '
+                  "storage, losing the commits storage no longer holds")
+
 #: The record batches a writer already holds for its own commit, by (file id, batch index):
 #: applying that commit indexes them without reading the file back.
 OwnBatches = dict[tuple[str, int], pa.RecordBatch]
@@ -181,7 +186,7 @@ class Committer:
             commit_name(commit.version),
             f"follows commit {commit.previous_id}, but this cache applied commit {applied[1]} at "
             f"version {applied[0]}, which the storage root no longer holds (restored from an older "
-            "copy?): reopen the store to rebuild its cache",
+            "copy?): " + REBUILD_REOPEN,
         )
 
     def outcome(self, commit_id: str) -> CommitOutcome | None:
@@ -331,15 +336,14 @@ class Committer:
                 ) from None
             raise StorageBehindError(
                 name, "the newest commit this cache applied is missing from storage (restored from an "
-                "older copy, or damaged); nothing was written: reopen the store to rebuild its cache "
-                "from storage",
+                "older copy, or damaged); nothing was written: " + REBUILD_REOPEN,
             ) from None
         if applied is None or applied[0] != version:
             return decode_commit(name, data).commit_id
         if crc32c(data) != applied[2]:
             raise StorageBehindError(
                 name, "differs from the commit this cache applied at that version (restored from an "
-                "older copy, or damaged); nothing was written: reopen the store to rebuild its cache",
+                "older copy, or damaged); nothing was written: " + REBUILD_REOPEN,
             )
         if self._linked != (applied[0], applied[1]):
             self._verify_link(version)
@@ -381,7 +385,7 @@ class Committer:
             raise StorageBehindError(
                 commit_name(version - 1), f"{broken}, but this cache applied it before its newest "
                 f"commit {commit_name(version)} (the storage root was restored from an older copy while "
-                "that commit was on its way); nothing was written: reopen the store to rebuild its cache",
+                "that commit was on its way); nothing was written: " + REBUILD_REOPEN,
             )
 
     def _verify_follows(self, commit: Commit, previous: int,
@@ -419,8 +423,7 @@ class Committer:
         except (FileNotFoundError, KvlogError) as e:
             log.warning("could not take back commit %s written after a gap: %s", own, e)
         self._gap = (name, f"is no longer the commit {own} follows (the storage root was restored "
-                     "while the commit was on its way); nothing was acknowledged: reopen the store "
-                     "to rebuild its cache")
+                     "while the commit was on its way); nothing was acknowledged: " + REBUILD_REOPEN)
         self._unverified = None
         raise StorageBehindError(*self._gap)
 

@@ -2,9 +2,12 @@
 
 Opening reads (or creates) the identity document, acquires the LMDB cache, and
 brings it up to date: a cache of another store is reset, one ahead of or apart
-from the storage root (a root restored from an older copy) is rebuilt, one behind
-the newest checkpoint reloads from it, and then every later commit is replayed.
-A damaged cache is deleted and rebuilt from storage.
+from the storage root (a root restored from an older copy) is refused with
+:class:`StorageBehindError` naming the lost commits (or rebuilt, when the caller
+accepts the loss), one behind the newest checkpoint reloads from it, and then every
+later commit is replayed. A damaged cache is deleted and rebuilt from storage.
+Every argument is checked before anything is created, and a local store is created
+only in a missing or empty directory unless ``create=True``.
 """
 
 from __future__ import annotations
@@ -30,13 +33,14 @@ from kvlog.index import check_cache_file
 from kvlog.log.checkpoints import load_checkpoint, newest_checkpoint
 from kvlog.log.committer import link_broken
 from kvlog.log.log import Log
-from kvlog.log.naming import commit_name
+from kvlog.log.naming import LOG_PREFIX, commit_name
 from kvlog.log.pinned_open import open_pinned
 from kvlog.log.pins_named import check_name
 from kvlog.meta import MetaTxn, acquire_env, reset_env
-from kvlog.storage import Storage, is_local_uri, open_storage
+from kvlog.storage import Storage, StoreLocation, open_storage, parse_store_uri
 
-__all__ = ["default_cache_dir", "open_log"]
+__all__ = ["default_cache_dir", "open_log", "check_open_arguments", "ON_STORAGE_BEHIND", "REBUILD_HINT", "CREATE_HINT",
+           "storage_behind"]
 
 log = logging.getLogger("kvlog.log")
 
@@ -51,10 +55,20 @@ def default_cache_dir(storage: Storage) -> Path:
     return base / sha256(storage.uri.encode()).hexdigest()[:24]
 
 
+#: The values of ``on_storage_behind``: what opening does with a cache of commits storage lost.
+ON_STORAGE_BEHIND = ("raise", "rebuild")
+
+#: How a caller of :func:`open_log` accepts losing the commits a :class:`StorageBehindError` names.
+REBUILD_HINT = 'pass on_storage_behind="rebuild" to rebuild the cache from storage without them'
+
+#: How a caller creates a store in a directory that holds other files.
+CREATE_HINT = "pass create=True to make a store there"
+
+
 def open_log(
     uri: str | os.PathLike[str] | Storage,
     *,
-    create: bool = True,
+    create: bool | None = None,
     partitions: int | None = None,
     read_only: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -64,32 +78,37 @@ def open_log(
     ids: IdSource | None = None,
     maintain_index: bool = True,
     checkpoint: str | None = None,
+    on_storage_behind: str = "raise",
 ) -> Log:
     """Open (or create) the log at ``uri`` and bring its metadata cache up to date.
 
+    ``create`` None creates a local store only in a missing or empty directory, True anywhere
+    (also among other files), False never (:class:`StoreNotFoundError`); an object-store prefix
+    is the store, created unless ``create=False``. Every argument is checked, and the URI parsed
+    (:func:`~kvlog.storage.uri.parse_store_uri`), before anything is created.
+    ``on_storage_behind``: ``"raise"`` refuses a cache that applied commits storage no longer
+    holds (a root restored from an older copy) with :class:`StorageBehindError`; ``"rebuild"``
+    rebuilds the cache from storage, losing those commits.
     ``maintain_index=False`` keeps the metadata only, leaving the key index to a bulk
     load (see ``spark_ext.rebuild_index``); such a cache is marked as having no index.
     ``checkpoint`` (with ``read_only=True``) opens the log frozen at that named checkpoint
     (:mod:`kvlog.log.pinned_open`).
     """
-    if checkpoint is not None:
-        if not read_only:
-            raise ConfigError("checkpoint= opens a store as it was: it needs read_only=True")
-        check_name(checkpoint)
+    location = check_open_arguments(
+        uri, create=create, partitions=partitions, read_only=read_only, cache_dir=cache_dir,
+        storage_options=storage_options, config=config, clock=clock, ids=ids,
+        maintain_index=maintain_index, checkpoint=checkpoint, on_storage_behind=on_storage_behind,
+    )
     clock = clock or SystemClock()
     ids = ids or SystemIdSource()
     if isinstance(uri, Storage):
         storage, owns = uri, False
     else:
-        if not read_only and not create and is_local_uri(uri):
-            target = os.fspath(uri).removeprefix("file://")
-            if not os.path.isdir(target):
-                raise StoreNotFoundError(f"no kvlog store at {os.fspath(uri)!r}")
-        if read_only and is_local_uri(uri) and not os.path.isdir(os.fspath(uri).removeprefix("file://")):
-            raise StoreNotFoundError(f"no kvlog store at {os.fspath(uri)!r}")
+        assert location is not None
+        _check_location(location, create, read_only)
         storage, owns = open_storage(uri, storage_options), True
     try:
-        identity = _identity(storage, create and not read_only, partitions, config, clock, ids)
+        identity = _identity(storage, create is not False and not read_only, partitions, config, clock, ids)
         cfg = config or StoreConfig()
         if cfg.partitions != identity.partitions:
             cfg = StoreConfig.from_settings(cfg, partitions=identity.partitions)
@@ -104,7 +123,7 @@ def open_log(
     the_log = Log(storage, identity, env, cfg, clock, ids, read_only, owns, maintain_index)
     try:
         try:
-            _catch_up(the_log)
+            _catch_up(the_log, on_storage_behind)
         except CorruptDataError as e:
             # The cache is derived data: damaged, it is deleted and rebuilt from storage, unless
             # another user (in this process or another) still has it open.
@@ -112,7 +131,7 @@ def open_log(
                 raise
             log.warning("metadata cache at %s was damaged (%s): rebuilt from storage", env.path, e.reason)
             the_log.index.reopened()
-            _catch_up(the_log)
+            _catch_up(the_log, on_storage_behind)
     except BaseException:
         the_log.close()
         raise
@@ -126,6 +145,77 @@ def open_log(
     pinned._owns_storage, the_log._owns_storage = the_log._owns_storage, False
     the_log.close()
     return pinned
+
+
+def check_open_arguments(
+    uri: object, *, create: object, partitions: object, read_only: object, cache_dir: object,
+    storage_options: object, config: object, clock: object, ids: object, maintain_index: object,
+    checkpoint: object, on_storage_behind: object,
+) -> StoreLocation | None:
+    """The location ``uri`` names (None for a :class:`Storage` given as is), once every argument
+    of :func:`open_log` is of a type and value it takes; else a :class:`ConfigError` (or the
+    :class:`InvalidRecordError` of a checkpoint name), raised before anything is created."""
+    location = None if isinstance(uri, Storage) else parse_store_uri(uri)
+    for name, value in (("create", create), ("read_only", read_only), ("maintain_index", maintain_index)):
+        if not isinstance(value, bool) and not (name == "create" and value is None):
+            allowed = "True, False or None" if name == "create" else "True or False"
+            raise ConfigError(f"{name} must be {allowed}, not {value!r}")
+    if partitions is not None:
+        StoreConfig(partitions=partitions)  # type: ignore[arg-type]  # validates: ConfigError
+    if cache_dir is not None:
+        if isinstance(cache_dir, os.PathLike):
+            cache_dir = os.fspath(cache_dir)
+        if not isinstance(cache_dir, str):
+            raise ConfigError(f"cache_dir must be a str or a path, not {type(cache_dir).__name__}")
+        if "\x00" in cache_dir:
+            raise ConfigError(f"cache_dir {cache_dir!r} contains a NUL byte")
+        try:
+            cache_dir.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ConfigError(f"cache_dir {cache_dir!r} is not valid UTF-8 (at character {e.start})") from None
+    if storage_options is not None and not (
+            isinstance(storage_options, dict) and all(isinstance(k, str) for k in storage_options)):
+        raise ConfigError(f"storage_options must be a dict of named options, not {storage_options!r}")
+    if config is not None and not isinstance(config, StoreConfig):
+        raise ConfigError(f"config must be a StoreConfig, not {type(config).__name__}")
+    for name, value, methods in (("clock", clock, ("now_ms", "monotonic_s")), ("ids", ids, ("token",))):
+        if value is not None and not all(callable(getattr(value, m, None)) for m in methods):
+            kind = "a Clock" if name == "clock" else "an IdSource"
+            raise ConfigError(f"{name} must be {kind} (with {' and '.join(methods)}), not {type(value).__name__}")
+    if not isinstance(on_storage_behind, str) or on_storage_behind not in ON_STORAGE_BEHIND:
+        raise ConfigError(f"on_storage_behind must be one of {', '.join(map(repr, ON_STORAGE_BEHIND))}, "
+                          f"not {on_storage_behind!r}")
+    if checkpoint is not None:
+        if not read_only:
+            raise ConfigError("checkpoint= opens a store as it was: it needs read_only=True")
+        check_name(checkpoint)
+    return location
+
+
+def _check_location(location: StoreLocation, create: bool | None, read_only: bool) -> None:
+    """Refuse to open a local directory that holds no store when this open may not create one
+    there: it is missing and ``create=False`` or ``read_only``, or it holds other files and
+    ``create`` is not True. Object-store prefixes are the store: nothing to check."""
+    directory = location.directory
+    if directory is None:
+        return
+    uri = location.text
+    try:
+        if not os.path.lexists(directory):
+            if create is False or read_only:
+                raise StoreNotFoundError(f"no kvlog store at {uri!r}: it does not exist")
+            return
+        if not directory.is_dir():
+            raise StoreNotFoundError(f"no kvlog store at {uri!r}: it is not a directory")
+        if (directory / IDENTITY_NAME).exists():
+            return
+        if create is False or read_only:
+            raise StoreNotFoundError(f"no kvlog store at {uri!r} (no {IDENTITY_NAME})")
+        if create is None and any(directory.iterdir()):
+            raise StoreNotFoundError(
+                f"{uri} is not empty and is not a kvlog store (no {IDENTITY_NAME}): {CREATE_HINT}")
+    except OSError as e:
+        raise StorageError(f"cannot look into the store directory {uri!r}: {e}") from e
 
 
 def _identity(
@@ -155,8 +245,9 @@ def _identity(
     return identity
 
 
-def _catch_up(the_log: Log) -> None:
-    """Reset a cache of another store, reload from a checkpoint when behind it, then replay."""
+def _catch_up(the_log: Log, on_storage_behind: str) -> None:
+    """Reset a cache of another store, refuse (or with ``"rebuild"`` reset) one that applied
+    commits storage no longer holds, reload from a checkpoint when behind it, then replay."""
     uuid = the_log.identity.store_uuid.encode()
 
     def check_uuid(txn: Any) -> bool:
@@ -171,9 +262,13 @@ def _catch_up(the_log: Log) -> None:
 
     if the_log.env.write(check_uuid):
         log.info("metadata cache at %s rebuilt for store %s", the_log.env.path, the_log.identity.store_uuid)
-    if not _cache_matches_storage(the_log):
-        log.warning("metadata cache at %s is ahead of or apart from the storage root %s (restored from "
-                    "an older copy?): rebuilding it from storage", the_log.env.path, the_log.storage.uri)
+    behind = storage_behind(the_log)
+    if behind is not None:
+        if on_storage_behind != "rebuild":
+            raise StorageBehindError(behind[0], f"{behind[1]}; nothing was changed: {REBUILD_HINT}")
+        log.warning("metadata cache at %s is ahead of or apart from the storage root %s (%s: %s): "
+                    "rebuilding it from storage, as on_storage_behind='rebuild' asks",
+                    the_log.env.path, the_log.storage.uri, *behind)
 
         def reset(txn: Any) -> None:
             meta = MetaTxn(the_log.env, txn)
@@ -234,26 +329,60 @@ def _load_checkpoint_if_behind(the_log: Log, newest: int) -> bool:
     return False
 
 
-def _cache_matches_storage(the_log: Log) -> bool:
-    """Whether the newest commit the cache applied, and the one it applied before it, are in
-    storage as they were applied.
+def storage_behind(the_log: Log) -> tuple[str, str] | None:
+    """The commits the cache applied that storage lacks or holds otherwise, as (the first such
+    commit's name, what is wrong, naming them all), or None when storage holds the cache's history.
 
-    A cache that fell behind commit GC is fine (it catches up from a checkpoint). One whose
-    commit is missing with no newer checkpoint, or whose commit differs, belongs to a history
-    the storage root no longer holds; so does one whose newest commit landed after a restore
-    removed the commit before it (its writer died, or could not read, before checking).
+    A cache that fell behind commit GC is fine (it catches up from a checkpoint), and so is a
+    fresh one. A cache whose newest commit is missing with no newer checkpoint, or differs, belongs
+    to a history the storage root no longer holds; so does one whose newest commit landed after a
+    restore removed the commit before it (its writer died, or could not read, before checking).
+    The cache keeps the identity of its newest two commits only: of older ones it knows that it
+    applied them, so the missing versions are named, and a differing one only when it is one of two.
     """
     applied: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_commit())
     if applied is None:
-        return True
+        return None
     version, _commit_id, crc = applied
     name = commit_name(version)
     try:
         data = the_log.storage.read(name)
     except FileNotFoundError:
-        return newest_checkpoint(the_log.storage) > version
+        if newest_checkpoint(the_log.storage) > version:
+            return None
+        missing = _missing_versions(the_log, version)
+        return commit_name(missing[0]), (
+            f"the cache applied {_versions_text(missing)} up to version {version}, which the storage "
+            f"root {the_log.storage.uri} no longer holds (restored from an older copy, or damaged): "
+            "the writes they hold are lost")
     if crc32c(data) != crc:
-        return False
+        return name, (f"commit {name} in {the_log.storage.uri} differs from the commit the cache applied "
+                      "at that version (restored from an older copy, or replaced): the writes of the "
+                      "cache's commit are lost")
     before: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_before())
-    return before is None or before[0] != version - 1 or link_broken(the_log.storage, version, before) is None
+    if before is None or before[0] != version - 1:
+        return None
+    broken = link_broken(the_log.storage, version, before)
+    if broken is None:
+        return None
+    earlier = commit_name(version - 1)
+    return earlier, (f"commit {earlier}, which the cache applied before its newest commit {name}, {broken} "
+                     f"in {the_log.storage.uri} (the root was restored while {name} was on its way): "
+                     "the writes of the cache's commit are lost")
 
+
+def _missing_versions(the_log: Log, version: int) -> list[int]:
+    """The versions up to ``version`` above the newest checkpoint whose commits storage lacks."""
+    names = {info.name for info in the_log.storage.list(LOG_PREFIX)}
+    floor = newest_checkpoint(the_log.storage)
+    missing = [v for v in range(floor + 1, version + 1) if commit_name(v) not in names]
+    return missing or [version]
+
+
+def _versions_text(versions: list[int]) -> str:
+    """``commit log/…01.json`` or ``commits log/…01.json to log/…04.json`` (with gaps counted)."""
+    if len(versions) == 1:
+        return f"commit {commit_name(versions[0])}"
+    span = versions[-1] - versions[0] + 1
+    gaps = "" if span == len(versions) else f" ({len(versions)} of them)"
+    return f"commits {commit_name(versions[0])} to {commit_name(versions[-1])}{gaps}"

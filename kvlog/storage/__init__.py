@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from kvlog.errors import ConfigError
 from kvlog.extras import require
 from kvlog.storage.base import BytesLike, ForwardStream, ObjectInfo, Storage, check_name
 from kvlog.storage.local import LocalStorage
+from kvlog.storage.uri import StoreLocation, parse_store_uri
 
 __all__ = [
     "BytesLike",
@@ -25,42 +25,32 @@ __all__ = [
     "check_name",
     "open_storage",
     "is_local_uri",
+    "parse_store_uri",
+    "StoreLocation",
 ]
 
 
 def is_local_uri(uri: str | os.PathLike[str]) -> bool:
-    """Whether ``uri`` names a local directory (a plain path or ``file://``)."""
-    text = os.fspath(uri)
-    scheme = urlparse(text).scheme
-    return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
+    """Whether ``uri`` names a local directory (a plain path or ``file://``); a URI that names
+    nothing is a :class:`ConfigError`."""
+    return parse_store_uri(uri).directory is not None
 
 
 def open_storage(
     uri: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
 ) -> Storage:
-    """The backend for ``uri``: a path, ``file:///abs/dir`` or ``s3://bucket/prefix``."""
-    text = os.fspath(uri)
-    if not text:
-        raise ConfigError("empty store URI: give a directory, file:///abs/dir or s3://bucket/prefix")
-    parsed = urlparse(text)
+    """The backend for ``uri``: a path, ``file:///abs/dir`` or ``s3://bucket/prefix``
+    (checked by :func:`~kvlog.storage.uri.parse_store_uri` first)."""
+    location = parse_store_uri(uri)
     options = dict(storage_options or {})
-    if parsed.scheme == "":
-        _no_options(options, text)
-        return LocalStorage(text)
-    if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost"):
-            raise ConfigError(f"file URI {text!r} names a host; use file:///absolute/path")
-        _no_options(options, text)
-        return LocalStorage(unquote(parsed.path))
-    if parsed.scheme in ("s3", "s3a"):
-        require("s3", purpose=f"the object store {text!r}")  # MissingExtraError names the extra
-        from kvlog.storage.object_store import ObjectStoreStorage
+    if location.directory is not None:
+        _no_options(options, location.text)
+        return LocalStorage(location.directory)
+    text = location.text
+    require("s3", purpose=f"the object store {text!r}")  # MissingExtraError names the extra
+    from kvlog.storage.object_store import ObjectStoreStorage
 
-        return ObjectStoreStorage(text, options)
-    raise ConfigError(
-        f"unsupported URI scheme {parsed.scheme!r} in {text!r}: "
-        "use a directory path, file:///absolute/path or s3://bucket/prefix"
-    )
+    return ObjectStoreStorage(text, options)
 
 
 def _no_options(options: dict[str, Any], uri: str) -> None:
