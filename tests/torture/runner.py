@@ -285,7 +285,7 @@ def _final_checks(run: Run) -> None:
         if isinstance(actor, ThreadWriter) and actor.cache.exists():
             try:
                 with kvlog.open(world.backend.raw(), read_only=True, cache_dir=actor.cache,
-                                **world.settings) as reopened:
+                                **world.settings, **world.behind_options()) as reopened:
                     views.append(_view_in_process(reopened, f"{name}'s cache reopened", keys, full=False))
             except Exception as e:  # noqa: BLE001 - a finding
                 history.violation(f"reopening {name}'s cache read-only raised {classify(e)}")

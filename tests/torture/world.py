@@ -8,6 +8,7 @@ change what the others do.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import random
@@ -169,7 +170,7 @@ class World:
              producer_id: int | None = None, **overrides: Any) -> tuple[kvlog.Store, TortureStorage]:
         """Open the store in this process (the shared clock, the run's settings plus ``overrides``)."""
         storage = self.storage(label, spec)
-        settings = {**self.settings, **overrides, **self.forced}
+        settings = {**self.settings, **overrides, **self.forced, **self.behind_options()}
         try:
             store = kvlog.open(storage, cache_dir=cache, clock=self.clock, read_only=read_only,
                                producer_id=None if read_only else producer_id, **settings)
@@ -177,6 +178,13 @@ class World:
             storage.close()
             raise
         return store, storage
+
+    def behind_options(self) -> dict[str, Any]:
+        """After a restore, a cache that applied commits the root no longer holds is rebuilt
+        (``on_storage_behind="rebuild"``), as an operator restoring a backup asks for."""
+        if self.restore_count and "on_storage_behind" in inspect.signature(kvlog.open).parameters:
+            return {"on_storage_behind": "rebuild"}
+        return {}
 
     def partition_of(self, key: str) -> int:
         from kvlog.log.records import partition_for_key
