@@ -4,7 +4,11 @@
 commit applied then (one LMDB read snapshot of the catalog and the key index, held for the
 snapshot's life) with this process's writes made before it (a copy of the memtable). Later
 writes of any process are not visible. While it is open, GC in this process keeps every data
-file it may read (``kvlog.log.pins``), so compaction and GC never break its reads.
+file it may read (``kvlog.log.pins``), so compaction and GC never break its reads. GC in
+another process does not know it: there a file replaced after the snapshot's commit goes once
+``file_delete_delay_ms`` has passed, and a read of it then raises
+:class:`~kvlog.errors.CorruptDataError` saying so (a snapshot reads one commit and never a
+newer one; a named checkpoint is the pin every process's GC keeps).
 
 A snapshot is released by :meth:`Snapshot.close`, by the ``with`` block's end, by
 :meth:`kvlog.Store.close`, or when it is garbage-collected unclosed; its reads then raise
@@ -20,10 +24,12 @@ from types import TracebackType
 from typing import Any, Protocol, cast
 
 from kvlog.config import KEY_BYTES_LIMIT
-from kvlog.errors import InvalidRecordError, StoreClosedError
+from kvlog.errors import CorruptDataError, InvalidRecordError, StoreClosedError
 from kvlog.index import IndexEntry, IndexView, RecordExpired
 from kvlog.log import Log
 from kvlog.log.pins import Pin
+from kvlog.log.reader import DataFileMissing
+from kvlog.meta import MetaReader
 from kvlog.log.records import to_key
 
 __all__ = ["OpenScans", "Snapshot", "key_bound", "open_snapshot", "to_keys"]
@@ -147,6 +153,14 @@ class OpenScans:
                 part.clear()
 
 
+def _collected(e: DataFileMissing) -> CorruptDataError:
+    """The error a snapshot's read of a data file another process's GC deleted raises."""
+    return CorruptDataError(e.path, "data file is missing: GC in another process deleted it "
+                            "once file_delete_delay_ms passed after a compaction replaced it (a "
+                            "snapshot keeps its files from GC in its own process only; a named "
+                            "checkpoint, store.checkpoint(name), keeps them from every process's)")
+
+
 def _release(view: IndexView, pin: Pin) -> None:
     """End a snapshot's read view and drop its pin (its close, or its finalizer)."""
     try:
@@ -207,15 +221,28 @@ class Snapshot:
             return default
         if isinstance(found, IndexEntry):
             try:
-                return self._log.value_of(k, found, view.reader)
+                return self._value_of(k, found, view.reader)
             except RecordExpired:  # removed by a compaction whose clock saw it expired
                 return default
         return found
 
+    def _value_of(self, key: bytes, entry: IndexEntry, reader: MetaReader | None = None) -> bytes:
+        """The value at ``entry`` in the snapshot's own commit (never a newer one's)."""
+        try:
+            return self._log.value_in_snapshot(key, entry, reader)
+        except DataFileMissing as e:
+            raise _collected(e) from None
+
+    def _values_of(self, pairs: list[tuple[bytes, IndexEntry]], reader: MetaReader) -> list[bytes | None]:
+        try:
+            return self._log.values_in_snapshot(pairs, reader)
+        except DataFileMissing as e:
+            raise _collected(e) from None
+
     def get_many(self, keys: Iterable[bytes | str]) -> list[bytes | None]:
         """The values of ``keys`` in the snapshot, in the order given (None: no value)."""
         view = self._check()
-        return view.get_many(to_keys(keys), self._log.values_of)
+        return view.get_many(to_keys(keys), self._values_of)
 
     def scan(
         self, start: bytes | str | None = None, stop: bytes | str | None = None, *,
@@ -226,7 +253,7 @@ class Snapshot:
         lo = None if start is None else key_bound(start)
         hi = None if stop is None else key_bound(stop)
         pre = None if prefix is None else key_bound(prefix)
-        return self._while_open(view.scan(lo, hi, pre, reverse, self._log.value_of))
+        return self._while_open(view.scan(lo, hi, pre, reverse, self._value_of))
 
     def _while_open(self, items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
         """``items`` while the snapshot is open; once it is released, the next step raises

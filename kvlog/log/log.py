@@ -42,6 +42,7 @@ from kvlog.log.pins import registry_for
 from kvlog.log.producer_handle import Producer, claim_store_producer_id
 from kvlog.log.reader import (
     BatchCache,
+    DataFileMissing,
     batch_offsets,
     records_of_batch,
     value_in_batch,
@@ -203,14 +204,70 @@ class Log:
             for batch in batches:
                 if to_offset is not None and batch.base >= to_offset:
                     return
-                yield from records_of_batch(batch, partition, self.batch_cache.get(batch), cursor, to_offset)
+                try:
+                    records = self.batch_cache.get(batch)
+                except DataFileMissing:
+                    if not self.caught_up_past(batch):
+                        raise
+                    break  # the batches live at the newest version, from the same offset on
+                yield from records_of_batch(batch, partition, records, cursor, to_offset)
                 cursor = batch.last + 1
+
+    def caught_up_past(self, batch: LiveBatch) -> bool:
+        """After ``batch``'s data file was found missing: apply the commits that landed since
+        (another process compacted, and its GC deleted the file once a newer commit replaced
+        it) and say whether ``batch`` is no longer live at the new version, so the caller reads
+        again from the same position. False when it is still live there (the file is lost:
+        the caller raises) or when this log stays at one version (a named checkpoint's)."""
+        if self.frozen_at is not None:
+            return False
+        self.refresh()
+        now = self.snapshot(lambda r: r.find_batch(batch.partition, batch.base))
+        return now is None or (now.path, now.position) != (batch.path, batch.position)
+
+    def _caught_up(self, missing: DataFileMissing) -> bool:
+        """After a data file was found missing under an index entry: apply the commits that
+        landed since; whether the newest version no longer lists the file (another process's
+        compaction replaced it: look the key up again), else it is lost."""
+        if self.frozen_at is not None:
+            return False
+        self.refresh()
+        path = missing.path
+        return not self.snapshot(lambda r: any(entry.path == path for _fid, entry in r.iter_files()))
 
     def value_of(self, key: bytes, entry: IndexEntry, reader: MetaReader | None = None) -> bytes:
         """The value of ``key`` at its index ``entry`` (inline, or read from its batch, looked
         up in ``reader``: the entry's snapshot). The record read must hold ``key``: an index or
         batch directory that points elsewhere (damage the checksums missed) raises
-        ``CorruptDataError``, never another key's value."""
+        ``CorruptDataError``, never another key's value.
+
+        A data file missing from storage is not yet a loss: another process may have compacted
+        and collected it after this cache's snapshot. The newer commits are applied and ``key``
+        is looked up again at the new version (:class:`RecordExpired` when it has no value
+        there); only a file missing at the newest version raises ``CorruptDataError``."""
+        try:
+            return self.value_in_snapshot(key, entry, reader)
+        except DataFileMissing as e:
+            if not self._caught_up(e):
+                raise
+
+        def again(r: IndexReader) -> bytes:
+            found = r.index_get(key)
+            if found is None:
+                raise RecordExpired(key)  # deleted, or expired, at the newer version
+            return self.value_in_snapshot(key, found, r)
+
+        while True:
+            try:
+                return bytes(self.snapshot(again))
+            except DataFileMissing as e:  # its newer file went too meanwhile
+                if not self._caught_up(e):
+                    raise
+
+    def value_in_snapshot(self, key: bytes, entry: IndexEntry, reader: MetaReader | None = None) -> bytes:
+        """:meth:`value_of` within one snapshot: a missing data file raises
+        :class:`~kvlog.log.reader.DataFileMissing` (a read view pinned at one commit, such as
+        :class:`kvlog.Snapshot`, reads nothing newer)."""
         if entry.inline is not None:
             return entry.inline
         if reader is not None:
@@ -228,7 +285,25 @@ class Log:
     def values_of(self, pairs: list[tuple[bytes, IndexEntry]], reader: MetaReader) -> list[bytes | None]:
         """The values of keys at their index entries (:meth:`value_of` for each pair), looked up
         in ``reader`` (the entries' snapshot); each batch is read once, however many of the
-        keys it holds."""
+        keys it holds. A missing data file is handled as in :meth:`value_of`: the newer commits
+        are applied and every key is looked up again at the new version."""
+        try:
+            return self.values_in_snapshot(pairs, reader)
+        except DataFileMissing as e:
+            if not self._caught_up(e):
+                raise
+
+        def again(r: IndexReader) -> list[bytes | None]:
+            found = [(key, r.index_get(key)) for key, _entry in pairs]
+            present = [(key, entry) for key, entry in found if entry is not None]
+            values = iter(self.values_of(present, r) if present else [])
+            return [None if entry is None else next(values) for _key, entry in found]
+
+        return list(self.snapshot(again))
+
+    def values_in_snapshot(self, pairs: list[tuple[bytes, IndexEntry]], reader: MetaReader) -> list[bytes | None]:
+        """:meth:`values_of` within one snapshot (a missing data file raises
+        :class:`~kvlog.log.reader.DataFileMissing`, as :meth:`value_in_snapshot`)."""
         return values_in_batches(self.env, pairs, reader, self.read_batch)
 
     def store_producer_id(self) -> int:

@@ -19,7 +19,21 @@ from kvlog.meta import LmdbEnv, MetaReader
 from kvlog.meta.records import LiveBatch
 from kvlog.storage.base import Storage
 
-__all__ = ["BatchCache", "batch_offsets", "records_of_batch", "value_in_batch", "values_in_batches"]
+__all__ = [
+    "BatchCache", "DataFileMissing", "batch_offsets", "records_of_batch", "value_in_batch", "values_in_batches",
+]
+
+
+class DataFileMissing(CorruptDataError):
+    """A live batch's data file is not in storage. For a cache behind storage this is no loss:
+    another process compacted and its GC deleted the file after a newer commit replaced it, and
+    the reader applies the newer commits and reads again (see ``kvlog.log.log.Log``); at the
+    newest version it is a real loss."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, "data file is missing")
+        #: The missing data file.
+        self.path = path
 
 
 class BatchCache:
@@ -48,7 +62,7 @@ class BatchCache:
         try:
             data = self._storage.read_range(batch.path, location.position, location.length)
         except FileNotFoundError:
-            raise CorruptDataError(batch.path, "data file is missing") from None
+            raise DataFileMissing(batch.path) from None
         record_batch = decode_batch(batch.path, data, location)
         self.put(key, record_batch)
         return record_batch
