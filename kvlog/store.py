@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from kvlog._native import active as native_active
 from kvlog.clock import Clock, IdSource
-from kvlog.compaction import CompactionReport, Compactor
+from kvlog.compaction import CompactionReport, Compactor, check_compact_args
 from kvlog.config import KEY_BYTES_LIMIT, StoreConfig
 from kvlog.consumer import Consumer
 from kvlog.errors import ConfigError, InvalidRecordError, ReadOnlyError, StoreClosedError
@@ -385,6 +385,7 @@ class Store(StoreMapping):
         eligible; ``now_ms`` overrides the clock for retention decisions. Durable writes only:
         call :meth:`flush` first to include buffered ones.
         """
+        check_compact_args(force, now_ms)
         self._check_open()
         if self._compactor is None:
             raise ReadOnlyError("the store is open read-only")

@@ -15,7 +15,7 @@ import os
 import uuid
 from typing import Any
 
-from kvlog.compaction import CompactionReport, Compactor, Plan
+from kvlog.compaction import CompactionReport, Compactor, Plan, check_compact_args
 from kvlog.config import StoreConfig
 from kvlog.errors import KvlogError
 from kvlog.format.commit import Commit, FileEntry, file_from_json
@@ -76,6 +76,7 @@ def compact(spark: Any, uri: str, *, storage_options: dict[str, Any] | None = No
             now_ms: int | None = None, cache_dir: str | None = None, **settings: Any) -> CompactionReport:
     """Exact compaction of the store at ``uri`` on Spark; one ``replace`` commit. See the module doc
     and ``spark_ext.compaction`` for the two stages."""
+    check_compact_args(force, now_ms)
     config = StoreConfig.from_settings(None, **settings)
     the_log = open_log(uri, create=False, storage_options=storage_options, cache_dir=driver_cache_dir(uri, cache_dir),
                        config=config, maintain_index=False)

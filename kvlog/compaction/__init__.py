@@ -17,10 +17,10 @@ from kvlog.compaction.planner import (
     partition_state,
     plan_compaction,
 )
-from kvlog.compaction.runner import CompactionReport, Compactor
+from kvlog.compaction.runner import CompactionReport, Compactor, check_compact_args
 
 __all__ = [
     "SLOT_BYTES", "BatchInfo", "CleanSpec", "CompactionReport", "Compactor", "FileInfo", "JobResult", "OutputWriter",
-    "OffsetMap", "PartitionFailure", "Plan", "capacity_for", "fingerprints", "partition_state",
+    "OffsetMap", "PartitionFailure", "Plan", "capacity_for", "check_compact_args", "fingerprints", "partition_state",
     "plan_compaction", "run_job",
 ]

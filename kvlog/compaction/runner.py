@@ -27,7 +27,7 @@ from kvlog.compaction.merger import PartitionFailure, run_job
 from kvlog.compaction.offset_map import SLOT_BYTES, OffsetMap, capacity_for
 from kvlog.compaction.planner import BatchInfo, FileInfo, Plan, plan_compaction
 from kvlog.config import StoreConfig
-from kvlog.errors import KvlogError
+from kvlog.errors import InvalidRecordError, KvlogError
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import BatchEntry, Commit, FileEntry
 from kvlog.log import Log
@@ -91,6 +91,16 @@ def _map_bytes_for(plan: Plan, batches: dict[int, list[LiveBatch]], config: Stor
     return min(config.offset_map_bytes, slots * SLOT_BYTES)
 
 
+def check_compact_args(force: object, now_ms: object) -> None:
+    """Refuse a compaction's arguments before anything is read or written: ``force`` is a bool
+    and ``now_ms``, when given, an integer (never a bool) in ``[0, 2**63)``, the range every
+    time a commit records (the cleaner's round time, its tombstone horizons) must stay in."""
+    if type(force) is not bool:
+        raise InvalidRecordError(f"force must be True or False, not {force!r}")
+    if now_ms is not None and not (type(now_ms) is int and 0 <= now_ms < 2**63):
+        raise InvalidRecordError(f"now_ms must be an integer in [0, 2**63) or None, not {now_ms!r}")
+
+
 class Compactor:
     """Runs compaction jobs on one log, on demand or in a background thread."""
 
@@ -141,6 +151,7 @@ class Compactor:
         twice the memory in flight); the background thread runs its jobs without it, beside the
         application's writers.
         """
+        check_compact_args(force, now_ms)
         with self._lock:
             started = self._clock.monotonic_s()
             now = self._clock.now_ms() if now_ms is None else now_ms

@@ -94,7 +94,8 @@ def retain(batch: LiveBatch, record_batch: pa.RecordBatch, offsets: np.ndarray, 
             if horizon is not None and now_ms >= horizon:
                 keep &= ~dead
             elif horizon is None:
-                new_horizon = now_ms + config.delete_retention_ms
+                # The latest time a commit records: a horizon past it never passes either.
+                new_horizon = min(now_ms + config.delete_retention_ms, 2**63 - 1)
         if tombstone is not None:
             tombstones_removed = int(np.count_nonzero(tombstone & ~keep))
         if expired is not None:

@@ -37,10 +37,11 @@ the two.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvlog.errors import CorruptDataError
+from kvlog.errors import CorruptDataError, InvalidRecordError
 from kvlog.format.datafile import DATAFILE_VERSION, BatchLocation
 from kvlog.format.envelope import decode_document, encode_document
 
@@ -119,7 +120,9 @@ def _batch_to_json(b: BatchEntry) -> dict[str, Any]:
         out["schema"] = loc.schema
     if b.producer_id is not None:
         out.update(pid=b.producer_id, epoch=b.epoch, seq=b.base_sequence)
-    if b.base_offset is not None:
+    elif b.epoch != 0 or b.base_sequence != 0:  # written as given, so it reads back as given
+        out.update(epoch=b.epoch, seq=b.base_sequence)
+    if b.base_offset is not None or b.last_offset is not None:
         out.update(base=b.base_offset, last=b.last_offset)
     if b.present is not None:
         out["present"] = b.present
@@ -130,41 +133,152 @@ def _batch_to_json(b: BatchEntry) -> dict[str, Any]:
     return out
 
 
-def _int(name: str, obj: dict[str, Any], key: str, default: int | None = None) -> int:
+#: Integer fields hold 64-bit values: the metadata cache packs offsets, versions and producer
+#: ids as unsigned 64-bit keys, and other readers of the format need not handle bigger ones.
+_UINT = (0, 2**63)
+_INT64 = (-(2**63), 2**63)
+#: Partitions are 16-bit (the cache's keys hold them in two bytes).
+_PARTITION = (0, 2**16)
+#: The bytes of an id or path the cache keys a row by (LMDB's largest key).
+KEY_BYTES_LIMIT = 511
+
+
+def _int(name: str, obj: dict[str, Any], key: str, default: int | None = None,
+         bounds: tuple[int, int] = _UINT) -> int:
     value = obj.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool):
+    if value.__class__ is not int:
         raise CorruptDataError(name, f"field {key!r} is not an integer")
+    if not bounds[0] <= value < bounds[1]:
+        raise CorruptDataError(name, f"field {key!r} is out of range: {value}")
     return value
 
 
-def _opt_int(name: str, obj: dict[str, Any], key: str) -> int | None:
-    return None if obj.get(key) is None else _int(name, obj, key)
+def _opt_int(name: str, obj: dict[str, Any], key: str, bounds: tuple[int, int] = _UINT) -> int | None:
+    return None if obj.get(key) is None else _int(name, obj, key, bounds=bounds)
 
 
-def _batch_from_json(name: str, obj: Any) -> BatchEntry:
-    if not isinstance(obj, dict):
+#: How a field of :func:`_check_ints` may be missing: never, absent or null, absent only.
+_REQUIRED, _NULLABLE, _DEFAULTED = 0, 1, 2
+
+
+def _check_ints(name: str, obj: dict[str, Any], fields: tuple[tuple[str, int, int, int], ...]) -> None:
+    """Each ``(key, low, high, missing)`` of ``fields``: ``obj[key]`` is an integer (never a
+    bool) in ``[low, high)``, or missing as ``missing`` allows."""
+    get = obj.get
+    for key, low, high, missing in fields:
+        value = get(key)
+        if value.__class__ is int and low <= value < high:
+            continue
+        if value is None and (missing == _NULLABLE or (missing == _DEFAULTED and key not in obj)):
+            continue
+        if value.__class__ is not int:
+            raise CorruptDataError(name, f"field {key!r} is not an integer")
+        raise CorruptDataError(name, f"field {key!r} is out of range: {value}")
+
+
+_BATCH_INTS = (
+    ("p", *_PARTITION, _REQUIRED), ("pos", *_UINT, _REQUIRED), ("len", *_UINT, _REQUIRED),
+    ("crc", *_UINT, _REQUIRED), ("n", *_UINT, _REQUIRED), ("bytes", *_UINT, _REQUIRED),
+    ("schema", *_UINT, _DEFAULTED), ("pid", *_UINT, _NULLABLE), ("epoch", *_INT64, _DEFAULTED),
+    ("seq", *_UINT, _DEFAULTED), ("base", *_UINT, _NULLABLE), ("last", *_UINT, _NULLABLE),
+    ("horizon", *_INT64, _NULLABLE), ("digest", *_INT64, _NULLABLE),
+)
+_FILE_INTS = (("level", *_UINT, _REQUIRED), ("size", *_UINT, _REQUIRED), ("crc", *_UINT, _REQUIRED))
+_COMMIT_INTS = (("version", *_UINT, _REQUIRED), ("ts", *_INT64, _REQUIRED), ("pid", *_UINT, _NULLABLE),
+                ("epoch", *_INT64, _NULLABLE))
+
+
+def _key_string(name: str, value: Any, what: str) -> str:
+    """``value`` if it is a string the cache can key a row by: 1 to 511 bytes of UTF-8."""
+    if value.__class__ is not str and not isinstance(value, str):
+        raise CorruptDataError(name, f"{what} is not a string")
+    if not value or (len(value) * 4 > KEY_BYTES_LIMIT and not _fits(value)):
+        raise CorruptDataError(name, f"{what} is empty or longer than {KEY_BYTES_LIMIT} bytes")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CorruptDataError(name, f"{what} is not valid UTF-8") from None
+    return value
+
+
+def _fits(value: str) -> bool:
+    try:
+        return len(value.encode("utf-8")) <= KEY_BYTES_LIMIT
+    except UnicodeEncodeError:
+        return True  # refused as not UTF-8 next
+
+
+def _plain_json(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` reads back from JSON as itself: objects with string keys, lists,
+    strings, integers of 64 bits, finite floats, booleans and null."""
+    cls = value.__class__
+    if cls is str or cls is bool or value is None:
+        return True
+    if cls is int:
+        return bool(_INT64[0] <= value < _INT64[1])
+    if cls is float:
+        return math.isfinite(value)
+    if depth > 64:
+        return False
+    if cls is list:
+        return all(_plain_json(v, depth + 1) for v in value)
+    if cls is dict:
+        return all(k.__class__ is str and _plain_json(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _check_cleaner(name: str, cleaner: Any) -> None:
+    """The rule for a ``replace`` commit's ``info["cleaner"]``: partition (decimal) -> the
+    cleaner state replay stores (``checkpoint`` offset, ``last_round_ms``, ``partial``)."""
+    if not isinstance(cleaner, dict):
+        raise CorruptDataError(name, "malformed cleaner state: not an object")
+    for p, state in cleaner.items():
+        if not (isinstance(p, str) and p.isascii() and p.isdigit() and int(p) < _PARTITION[1]
+                and isinstance(state, dict) and isinstance(state.get("partial", False), bool)):
+            raise CorruptDataError(name, f"malformed cleaner state for partition {p!r}")
+        try:
+            _int(name, state, "checkpoint", 0)
+            _int(name, state, "last_round_ms", 0, _INT64)
+        except CorruptDataError as e:
+            raise CorruptDataError(name, f"malformed cleaner state for partition {p!r}: {e.reason}") from None
+
+
+def _check_batch(name: str, obj: Any) -> None:
+    """The rules of a batch entry's JSON object."""
+    if obj.__class__ is not dict:
         raise CorruptDataError(name, "batch entry is not an object")
+    _check_ints(name, obj, _BATCH_INTS)
     ts = obj.get("ts")
-    if not (isinstance(ts, list) and len(ts) == 2 and all(isinstance(t, int) for t in ts)):
+    if not (ts.__class__ is list and len(ts) == 2 and ts[0].__class__ is int and ts[1].__class__ is int
+            and _INT64[0] <= ts[0] < _INT64[1] and _INT64[0] <= ts[1] < _INT64[1]):
         raise CorruptDataError(name, "batch entry lacks its timestamp range")
     present = obj.get("present")
     if present is not None and not isinstance(present, str):
         raise CorruptDataError(name, "batch offsets bitmap is not a string")
+
+
+def _batch_from_json(name: str, obj: Any) -> BatchEntry:
+    _check_batch(name, obj)
+    return _batch_entry(obj)
+
+
+def _batch_entry(obj: dict[str, Any]) -> BatchEntry:
+    """The batch entry of an object :func:`_check_batch` accepted."""
+    ts = obj["ts"]
+    get = obj.get
     return BatchEntry(
-        partition=_int(name, obj, "p"),
-        location=BatchLocation(
-            _int(name, obj, "pos"), _int(name, obj, "len"), _int(name, obj, "crc"),
-            _int(name, obj, "n"), _int(name, obj, "bytes"), ts[0], ts[1],
-            _int(name, obj, "schema", DATAFILE_VERSION),
-        ),
-        producer_id=_opt_int(name, obj, "pid"),
-        epoch=_int(name, obj, "epoch", 0),
-        base_sequence=_int(name, obj, "seq", 0),
-        base_offset=_opt_int(name, obj, "base"),
-        last_offset=_opt_int(name, obj, "last"),
-        present=present,
-        tombstone_horizon_ms=_opt_int(name, obj, "horizon"),
-        digest=_opt_int(name, obj, "digest"),
+        partition=obj["p"],
+        location=BatchLocation(obj["pos"], obj["len"], obj["crc"], obj["n"], obj["bytes"], ts[0], ts[1],
+                               get("schema", DATAFILE_VERSION)),
+        producer_id=get("pid"),
+        epoch=get("epoch", 0),
+        base_sequence=get("seq", 0),
+        base_offset=get("base"),
+        last_offset=get("last"),
+        present=get("present"),
+        tombstone_horizon_ms=get("horizon"),
+        digest=get("digest"),
     )
 
 
@@ -176,53 +290,94 @@ def file_to_json(f: FileEntry) -> dict[str, Any]:
     }
 
 
+def _check_file(name: str, obj: Any) -> None:
+    """The rules of a file entry's JSON object, its batches' included."""
+    if obj.__class__ is not dict or not isinstance(obj.get("id"), str) or not isinstance(obj.get("path"), str):
+        raise CorruptDataError(name, "file entry lacks id or path")
+    _key_string(name, obj["id"], "file id")
+    _key_string(name, obj["path"], "file path")
+    _check_ints(name, obj, _FILE_INTS)
+    batches = obj.get("batches")
+    if batches.__class__ is not list:
+        raise CorruptDataError(name, "file entry lacks its batches")
+    for b in batches:
+        _check_batch(name, b)
+
+
 def file_from_json(name: str, obj: Any) -> FileEntry:
     """The file entry of :func:`file_to_json`; raises ``CorruptDataError`` naming ``name``."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("id"), str) or not isinstance(obj.get("path"), str):
-        raise CorruptDataError(name, "file entry lacks id or path")
-    batches = obj.get("batches")
-    if not isinstance(batches, list):
-        raise CorruptDataError(name, "file entry lacks its batches")
+    _check_file(name, obj)
     return FileEntry(
-        file_id=obj["id"], path=obj["path"], level=_int(name, obj, "level"),
-        size=_int(name, obj, "size"), crc=_int(name, obj, "crc"),
-        batches=tuple(_batch_from_json(name, b) for b in batches),
+        file_id=obj["id"], path=obj["path"], level=obj["level"], size=obj["size"], crc=obj["crc"],
+        batches=tuple(_batch_from_json(name, b) for b in obj["batches"]),
     )
 
 
 def encode_commit(commit: Commit) -> bytes:
-    """The bytes of ``log/<version>.json``."""
-    if commit.kind not in COMMIT_KINDS:
-        raise ValueError(f"unknown commit kind {commit.kind!r}")
+    """The bytes of ``log/<version>.json``.
+
+    The body is checked by the very rules :func:`decode_commit` applies before it is encoded,
+    so no commit is written that replay could not read: a value they refuse (a field out of its
+    range, an ``info`` that is not plain JSON) is an :class:`~kvlog.errors.InvalidRecordError`.
+    """
     body: dict[str, Any] = {
         "version": commit.version, "id": commit.commit_id, "ts": commit.timestamp_ms,
         "kind": commit.kind, "add": [file_to_json(f) for f in commit.add],
         "remove": list(commit.remove), "info": commit.info,
     }
-    if commit.producer_id is not None:
+    if commit.producer_id is not None or commit.epoch is not None:
         body.update(pid=commit.producer_id, epoch=commit.epoch)
     if commit.previous_id is not None:
         body["prev"] = commit.previous_id
+    try:
+        _check_commit(_UNWRITTEN, body)
+    except CorruptDataError as e:
+        raise InvalidRecordError(f"a commit kvlog could not read back is not written: {e.reason}") from None
     return encode_document("commit", body)
+
+
+#: The name refusals of :func:`encode_commit` are checked under.
+_UNWRITTEN = "<commit being written>"
 
 
 def decode_commit(name: str, data: bytes) -> Commit:
     """The commit in ``data``, verified; raises ``CorruptDataError`` naming ``name``."""
-    body = decode_document(name, data, "commit")
+    return _commit_from_body(name, decode_document(name, data, "commit"))
+
+
+def _check_commit(name: str, body: dict[str, Any]) -> None:
+    """The one set of rules a commit's fields obey, applied by the decoder to what it reads and
+    by the encoder to what it is about to write (bounds that the metadata cache's keys and
+    replay need: 64-bit integers, 16-bit partitions, ids and paths LMDB can key a row by)."""
     kind = body.get("kind")
     if kind not in COMMIT_KINDS:
         raise CorruptDataError(name, f"unknown commit kind {kind!r}")
     add, remove, info = body.get("add"), body.get("remove"), body.get("info")
-    if not isinstance(add, list) or not isinstance(remove, list) or not isinstance(info, dict):
+    if add.__class__ is not list or remove.__class__ is not list or info.__class__ is not dict:
         raise CorruptDataError(name, "commit lacks add, remove or info")
-    if not all(isinstance(r, str) for r in remove) or not isinstance(body.get("id"), str):
-        raise CorruptDataError(name, "malformed commit")
+    _key_string(name, body.get("id"), "the commit id")
     previous = body.get("prev")
     if previous is not None and not isinstance(previous, str):
         raise CorruptDataError(name, "malformed commit")
+    _check_ints(name, body, _COMMIT_INTS)
+    for r in remove:
+        _key_string(name, r, "a removed file")
+    for f in add:
+        _check_file(name, f)
+    if info and not _plain_json(info):
+        raise CorruptDataError(name, "info is not plain JSON (string keys, finite 64-bit numbers)")
+    if kind == "replace" and "cleaner" in info:
+        _check_cleaner(name, info["cleaner"])
+
+
+def _commit_from_body(name: str, body: dict[str, Any]) -> Commit:
+    """The commit of a decoded body, once :func:`_check_commit` accepted it."""
+    _check_commit(name, body)
+    add = body["add"]
     return Commit(
-        version=_int(name, body, "version"), commit_id=body["id"], timestamp_ms=_int(name, body, "ts"),
-        kind=kind, add=tuple(file_from_json(name, f) for f in add), remove=tuple(remove),
-        producer_id=_opt_int(name, body, "pid"), epoch=_opt_int(name, body, "epoch"), info=info,
-        previous_id=previous,
+        version=body["version"], commit_id=body["id"], timestamp_ms=body["ts"], kind=body["kind"],
+        add=tuple(FileEntry(f["id"], f["path"], f["level"], f["size"], f["crc"],
+                            tuple(map(_batch_entry, f["batches"]))) for f in add),
+        remove=tuple(body["remove"]), producer_id=body.get("pid"), epoch=body.get("epoch"),
+        info=body["info"], previous_id=body.get("prev"),
     )

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from kvlog.errors import CorruptDataError
+from kvlog.errors import CorruptDataError, InvalidRecordError
 from kvlog.format.envelope import FORMAT_VERSION, decode_document, encode_document
 
 __all__ = ["Identity", "IDENTITY_NAME", "encode_identity", "decode_identity"]
@@ -24,35 +25,47 @@ class Identity:
     format_version: int = FORMAT_VERSION
 
 
+#: ``(field, low, high)``: the integer fields of an identity and their ranges (partitions are
+#: 16-bit in the metadata cache's keys; the seed is an unsigned 64-bit number).
+_INTS = (("partitions", 1, 2**16 + 1), ("created_ms", -(2**63), 2**63), ("fingerprint_seed", 0, 2**64),
+         ("format_version", 0, 2**63))
+
+
+def _check_identity(name: str, body: dict[str, Any]) -> None:
+    """The one set of rules an identity obeys: checked on what is read and on what is written."""
+    uuid = body.get("uuid")
+    if not isinstance(uuid, str) or not uuid:
+        raise CorruptDataError(name, "malformed identity (its uuid is not a string)")
+    for key, low, high in _INTS:
+        value = body.get(key)
+        if type(value) is not int or not low <= value < high:
+            raise CorruptDataError(name, f"malformed identity ({key} is not an integer in [{low}, {high}))")
+    if body["format_version"] != FORMAT_VERSION:
+        raise CorruptDataError(
+            name,
+            f"unknown format version {body['format_version']} of the store "
+            f"(this kvlog reads version {FORMAT_VERSION}); upgrade kvlog",
+        )
+
+
 def encode_identity(identity: Identity) -> bytes:
-    """The bytes of ``kvlog.json``."""
-    return encode_document(
-        "identity",
-        {
-            "uuid": identity.store_uuid, "partitions": identity.partitions,
-            "created_ms": identity.created_ms, "fingerprint_seed": identity.fingerprint_seed,
-            "format_version": identity.format_version,
-        },
-    )
+    """The bytes of ``kvlog.json``; an identity :func:`decode_identity` would refuse is an
+    :class:`~kvlog.errors.InvalidRecordError` and is not encoded."""
+    body: dict[str, Any] = {
+        "uuid": identity.store_uuid, "partitions": identity.partitions,
+        "created_ms": identity.created_ms, "fingerprint_seed": identity.fingerprint_seed,
+        "format_version": identity.format_version,
+    }
+    try:
+        _check_identity(IDENTITY_NAME, body)
+    except CorruptDataError as e:
+        raise InvalidRecordError(f"an identity kvlog could not read back is not written: {e.reason}") from None
+    return encode_document("identity", body)
 
 
 def decode_identity(data: bytes, name: str = IDENTITY_NAME) -> Identity:
     """The identity in ``data``; raises ``CorruptDataError`` naming ``name``."""
     body = decode_document(name, data, "identity")
-    try:
-        identity = Identity(
-            store_uuid=str(body["uuid"]), partitions=int(body["partitions"]),
-            created_ms=int(body["created_ms"]), fingerprint_seed=int(body["fingerprint_seed"]),
-            format_version=int(body["format_version"]),
-        )
-    except (KeyError, TypeError, ValueError, OverflowError) as e:
-        raise CorruptDataError(name, f"malformed identity ({e})") from None
-    if identity.format_version != FORMAT_VERSION:
-        raise CorruptDataError(
-            name,
-            f"unknown format version {identity.format_version} of the store "
-            f"(this kvlog reads version {FORMAT_VERSION}); upgrade kvlog",
-        )
-    if identity.partitions < 1:
-        raise CorruptDataError(name, "identity has no partitions")
-    return identity
+    _check_identity(name, body)
+    return Identity(store_uuid=body["uuid"], partitions=body["partitions"], created_ms=body["created_ms"],
+                    fingerprint_seed=body["fingerprint_seed"], format_version=body["format_version"])

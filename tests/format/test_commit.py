@@ -32,6 +32,8 @@ INT64 = st.integers(-(2**63), 2**63 - 1)
 UINT = st.integers(0, 2**63 - 1)
 U32 = st.integers(0, 2**32 - 1)
 masks = st.integers(1, 255)
+#: Ids and paths the metadata cache can key a row by: 1 to 511 bytes of UTF-8.
+key_text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40)
 
 locations = st.builds(
     BatchLocation,
@@ -62,8 +64,8 @@ def batch_entries(draw: st.DrawFn) -> BatchEntry:
 
 file_entries = st.builds(
     FileEntry,
-    file_id=st.text(min_size=1, max_size=20),
-    path=st.text(min_size=1, max_size=40),
+    file_id=key_text,
+    path=key_text,
     level=st.integers(0, 4),
     size=UINT,
     crc=U32,
@@ -83,15 +85,16 @@ def commits(draw: st.DrawFn, kind: str | None = None) -> Commit:
     producer = draw(st.none() | st.tuples(UINT, st.none() | st.integers(0, 2**15 - 1)))
     pid, epoch = producer if producer is not None else (None, None)
     return Commit(
-        version=draw(st.integers(0, 10**19)),
-        commit_id=draw(st.text(max_size=32)),
+        version=draw(UINT),
+        commit_id=draw(key_text),
         timestamp_ms=draw(INT64),
         kind=kind if kind is not None else draw(st.sampled_from(COMMIT_KINDS)),
         add=tuple(draw(st.lists(file_entries, max_size=3))),
-        remove=tuple(draw(st.lists(st.text(max_size=20), max_size=3))),
+        remove=tuple(draw(st.lists(key_text, max_size=3))),
         producer_id=pid,
         epoch=epoch,
-        info=draw(st.dictionaries(st.text(max_size=8), json_values, max_size=4)),
+        info=draw(st.dictionaries(st.text(max_size=8).filter(lambda k: k != "cleaner"), json_values,
+                                  max_size=4)),
     )
 
 
