@@ -286,7 +286,9 @@ class ConsumerIdle(Action):
             Advance(self.advance_ms).run(run)
             GC().run(run)
         ends = self._ends(run)
-        go_file.write_text(json.dumps({str(p): e for p, e in ends.items()}))
+        staged = go_file.with_suffix(".tmp")
+        staged.write_text(json.dumps({str(p): e for p, e in ends.items()}))
+        staged.rename(go_file)  # the consumers read it whole or not at all
         world.log(f"idle {self.tag}: consumers resume; end offsets {ends}")
         for child in children:
             code = wait_child(run, child, 120)
