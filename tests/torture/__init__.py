@@ -12,6 +12,14 @@ superseded by a later write of its key), that nothing never written appears, tha
 changelog is ordered and free of duplicates, that ``check()`` finds nothing, and that every
 cache agrees. :mod:`.damage` flips bytes and deletes commits and expects ``check()`` to say so.
 
+Beside engine faults, :mod:`.lifecycle` runs the lifecycles of everyday programs in child
+processes (:mod:`.lifeworker`) that open the store with default arguments: ``lifecycle``
+(exiting without ``close()``, dropping handles, SIGTERM with and without a handler, SIGINT,
+default-argument openers at one instant), ``consumer-idle`` (consumer groups resuming after
+other processes compacted and collected garbage), ``cli-consume`` (``kvlog consume --follow``
+killed and restarted: at least once) and ``full-disk`` (a 4 MB tmpfs under the data or a cache;
+root only). A normal exit or a handled signal acknowledges what the process wrote before it.
+
 Determinism: the scenario, its schedule of actions, the operations every actor draws and the
 faults every storage injects (chosen by call number) all follow from the seed, through
 ``random.Random`` instances derived from it. Thread and process interleavings do not: a replay
@@ -21,7 +29,7 @@ plan and kvlog warning, with times) beside the writer processes' journals.
 
 Run seeds from the command line (``python -m tests.torture --seeds 100``, ``--seed S`` to
 replay one, ``make torture SEEDS=500``) or through ``tests/torture/test_torture.py`` (a fixed
-set, marked ``slow``; the SeaweedFS ones also ``s3``). To add a scenario, see :mod:`.scenarios`.
+set, marked ``slow``; the SeaweedFS ones also ``s3``); ``--scenario NAME`` runs one scenario. To add a scenario, see :mod:`.scenarios`.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import kvlog
 from kvlog.errors import KvlogError
 from kvlog.storage.faulty import SimulatedCrash
 
-from . import named  # noqa: F401 - registers the checkpoints scenario
+from . import lifecycle, named  # noqa: F401 - register the checkpoints and lifecycle scenarios
 from .actors import Maintainer, ProcessWriter, Reader, ThreadWriter
 from .model import FinalView, check_final
 from .ops import classify
@@ -201,6 +201,8 @@ def run_seed(seed: int, backend: Backend, workdir: Path, *, scenario: str | None
     run = Run(world)
     stats: dict[str, Any] = {}
     try:
+        if plan.prepare is not None:
+            plan.prepare(world)
         with kvlog.open(backend.raw(), partitions=plan.partitions, cache_dir=world.cache_dir("creator"),
                         **{**world.settings, "background_compaction": False}):
             pass
@@ -231,6 +233,11 @@ def run_seed(seed: int, backend: Backend, workdir: Path, *, scenario: str | None
     (workdir / "result.json").write_text(json.dumps(
         {"seed": seed, "scenario": plan.name, "backend": backend.kind, "ok": result.ok,
          "violations": result.violations, "seconds": round(result.seconds, 2), "stats": stats}, indent=1))
+    for cleanup in reversed(world.cleanups):
+        try:
+            cleanup()
+        except Exception as e:  # noqa: BLE001 - a cleanup never hides the run's result
+            world.log(f"cleanup failed: {classify(e)}")
     world.close()
     if result.ok and not keep:
         shutil.rmtree(workdir, ignore_errors=True)

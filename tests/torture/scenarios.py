@@ -41,6 +41,7 @@ from .storage import FaultSpec, Hook
 
 if TYPE_CHECKING:
     from .runner import Run
+    from .world import World
 
 __all__ = [
     "Action", "Scenario", "SCENARIOS", "scenario", "pick_scenario", "Spawn", "WaitOps", "Pause", "Compact",
@@ -70,6 +71,8 @@ class Scenario:
     settings: dict[str, Any] = field(default_factory=dict)
     #: Settings every handle gets, whatever its actor asks for.
     forced: dict[str, Any] = field(default_factory=dict)
+    #: Called with the world before the store is created (e.g. to mount a small disk under it).
+    prepare: Callable[[World], None] | None = None
 
 
 ScenarioFn = Callable[[random.Random], Scenario]

@@ -9,6 +9,11 @@ kill -9, compaction, GC, clock jumps), ``storm`` (same-producer openers at one i
 ``slow-compaction`` (a replace commit stalled past the GC delay), ``restore`` (the root put back
 from an older copy under open writers), ``checkpoints`` (named checkpoints and consumer-group
 commits among all of that), and the damage scenario (flipped bytes, a deleted commit).
+:func:`test_lifecycle_seed` runs the everyday lifecycles of :mod:`.lifecycle`: ``lifecycle``
+(processes exiting without ``close()``, dropping handles, stopped by SIGTERM/SIGINT, opening at
+one instant with default arguments), ``consumer-idle`` (consumers resuming after other
+processes compacted and collected garbage), ``cli-consume`` (``kvlog consume --follow`` killed
+and restarted) and ``full-disk`` (a 4 MB tmpfs under the data or a cache fills up; needs root).
 """
 
 from __future__ import annotations
@@ -35,6 +40,14 @@ LOCAL_SEEDS = [
 ]
 #: (scenario, seed) pairs run on the SeaweedFS server.
 S3_SEEDS = [("mixed", 4), ("slow-compaction", 1), ("restore", 0)]
+#: (scenario, seed) pairs of the lifecycle scenarios (local storage). full-disk-0 fills a cache,
+#: full-disk-2 the data.
+LIFECYCLE_SEEDS = [
+    ("lifecycle", 1), ("lifecycle", 2), ("lifecycle", 3),
+    ("consumer-idle", 0), ("consumer-idle", 3),
+    ("cli-consume", 0), ("cli-consume", 1),
+    ("full-disk", 0), ("full-disk", 2),
+]
 #: Seeds of the damage scenario (each takes well under a second).
 DAMAGE_SEEDS = list(range(12))
 
@@ -42,6 +55,13 @@ DAMAGE_SEEDS = list(range(12))
 @pytest.mark.slow
 @pytest.mark.parametrize(("scenario", "seed"), LOCAL_SEEDS, ids=[f"{s}-{n}" for s, n in LOCAL_SEEDS])
 def test_local_seed(scenario: str, seed: int, tmp_path: Path) -> None:
+    result = run_seed(seed, Backend("local", str(tmp_path / "root")), tmp_path / "run", scenario=scenario)
+    assert result.ok, result.report()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("scenario", "seed"), LIFECYCLE_SEEDS, ids=[f"{s}-{n}" for s, n in LIFECYCLE_SEEDS])
+def test_lifecycle_seed(scenario: str, seed: int, tmp_path: Path) -> None:
     result = run_seed(seed, Backend("local", str(tmp_path / "root")), tmp_path / "run", scenario=scenario)
     assert result.ok, result.report()
 

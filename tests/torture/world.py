@@ -14,6 +14,7 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,8 @@ class World:
         #: Made by the first restore, for writer processes: from then on a cache may hold commits
         #: the restore took away, and reopening it accepts their loss.
         self.restored_file = workdir / "restored"
+        #: Called (last first) when the run ends, whatever happened: unmounts and the like.
+        self.cleanups: list[Callable[[], None]] = []
 
     # -- logging ------------------------------------------------------------------------------------
     def log(self, text: str) -> None:
