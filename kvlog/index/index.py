@@ -47,6 +47,7 @@ from kvlog.index.view import IndexView
 from kvlog.index.write import clear_index, index_batch, settle_runs
 from kvlog.meta.cache import MetaTxn
 from kvlog.meta.env import CacheDamage, LmdbEnv
+from kvlog.meta.reserve import tree_bytes
 
 __all__ = ["STALE", "KeyIndex", "RebuildChunk", "Stale"]
 
@@ -405,7 +406,9 @@ class KeyIndex:
         now_ms = self.now_ms()  # entries expired by then go too: reads hide them anyway
         self._reads.release()
         with self.lock:
-            return int(self._env.write(lambda txn: settle_runs(MetaTxn(self._env, txn), now_ms)))
+            # A merge rewrites the B-tree and the runs it merges: at most their pages again.
+            grows = tree_bytes(self._env.env, [self._env.dbs["index"], self._env.dbs["runs"]])
+            return int(self._env.write(lambda txn: settle_runs(MetaTxn(self._env, txn), now_ms), grows))
 
     @contextmanager
     def settle_deferred(self) -> Iterator[None]:

@@ -427,15 +427,15 @@ class LmdbEnv:
         finally:
             os.close(fd)
 
-    def write(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+    def write(self, fn: Callable[[lmdb.Transaction], T], grows: int = 0) -> T:
         """Run ``fn`` in a write transaction, growing the map and retrying when it is full.
 
-        ``fn`` must only touch LMDB, since it may run more than once.
-        """
+        ``fn`` must only touch LMDB, since it may run more than once; ``grows``: the bytes of
+        pages it may add at most, when it knows (see :mod:`kvlog.meta.reserve`)."""
         while True:
             try:
                 with self._resize_lock:
-                    used = self._reserve.before(self.env)
+                    used = self._reserve.before(self.env, grows)
                     with self.env.begin(write=True) as txn:
                         self._local.writing = True
                         try:

@@ -8,11 +8,13 @@ the pages past the last one in use get their blocks with ``posix_fallocate``: a 
 for them is an ``ENOSPC`` there, a :class:`~kvlog.errors.StorageError` raised before the
 transaction starts, and the cache stays as its last commit left it.
 
-How far ahead: as far as the pages in use reach (a transaction that rewrites every page of the
-file, as an index merge may, fits), at least a megabyte, and twice the most a transaction of
-this process has added. Only a transaction that adds more than all the pages before it, on a
-disk that fills at that very moment, can still fault. The cost is disk: the data file holds
-blocks for up to twice its pages in use, and the cache's disk usage counts them.
+How far ahead: a megabyte, an eighth of the pages in use, twice the most a transaction of this
+process has added, and what the transaction says it may add (an index merge rewrites the trees
+it merges: :func:`tree_bytes`), whichever is most. When the disk cannot hold that much, the
+transaction runs if it can hold what the transaction said, and twice the most any transaction
+added, at least 64 KiB; else it is refused. Only a transaction adding more than all of that,
+on a disk that fills at that very moment, can still fault. The blocks reserved are counted in
+the cache's disk usage (the next transactions use them).
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ import lmdb
 
 from kvlog.errors import StorageError
 
-__all__ = ["PageReserve"]
+__all__ = ["PageReserve", "tree_bytes"]
 
 log = logging.getLogger("kvlog.log")
 
 _MIN_AHEAD = 1 << 20
+_FLOOR = 64 << 10
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -43,31 +46,42 @@ class PageReserve:
         self._largest_growth = 0  # the most bytes one write transaction of this process added
         self._working = True  # False once the filesystem refused for another reason than space
 
-    def before(self, env: lmdb.Environment) -> int:
-        """Reserve blocks ahead of the pages ``env`` uses before a write transaction; the bytes
-        in use, for :meth:`after`. A full disk is a :class:`StorageError`."""
+    def before(self, env: lmdb.Environment, grows: int = 0) -> int:
+        """Reserve blocks ahead of the pages ``env`` uses before a write transaction that may
+        add ``grows`` bytes of pages; the bytes in use, for :meth:`after`. A disk too full for
+        the least the transaction may need is a :class:`StorageError`."""
         used = _used_bytes(env)
         if not self._working:
             return used
-        ahead = max(_MIN_AHEAD, used, 2 * self._largest_growth)
-        want = min(used + ahead, int(env.info()["map_size"]))
-        if want <= self._reserved_to:
-            return used
-        try:
-            fd = os.open(self._data_file, os.O_RDWR)
+        size = int(env.info()["map_size"])
+        least = max(_FLOOR, 2 * self._largest_growth, grows)
+        for ahead in (max(_MIN_AHEAD, used // 8, least), least):
+            want = min(used + ahead, size)
+            if want <= self._reserved_to:
+                return used
             try:
-                os.posix_fallocate(fd, used, want - used)
-            finally:
-                os.close(fd)
-        except OSError as e:
-            if e.errno in _FULL:
-                raise StorageError(f"no room on the disk under the metadata cache {self._data_file.parent} "
-                                   f"for {want - used} bytes of pages: free space, then write again") from e
-            log.debug("blocks of %s cannot be reserved (%s): writing without a reserve", self._data_file, e)
-            self._working = False
+                self._allocate(used, want)
+            except OSError as e:
+                if e.errno in _FULL and ahead != least:
+                    continue  # try with the least the transaction may need
+                if e.errno in _FULL:
+                    raise StorageError(f"no room on the disk under the metadata cache "
+                                       f"{self._data_file.parent} for {want - used} bytes of pages: "
+                                       "free space, then write again") from e
+                log.debug("blocks of %s cannot be reserved (%s): writing without a reserve",
+                          self._data_file, e)
+                self._working = False
+                return used
+            self._reserved_to = want
             return used
-        self._reserved_to = want
         return used
+
+    def _allocate(self, start: int, end: int) -> None:
+        fd = os.open(self._data_file, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, start, end - start)
+        finally:
+            os.close(fd)
 
     def after(self, env: lmdb.Environment, used_before: int) -> None:
         """Remember how much the write transaction that just committed added."""
@@ -77,3 +91,15 @@ class PageReserve:
 def _used_bytes(env: lmdb.Environment) -> int:
     """Bytes of the data file up to the last page in use."""
     return (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
+
+
+def tree_bytes(env: lmdb.Environment, dbs: list[lmdb._Database]) -> int:
+    """Bytes of the pages the databases ``dbs`` hold: what a transaction rewriting them adds at
+    most (copy on write)."""
+    psize = int(env.stat()["psize"])
+    with env.begin() as txn:
+        pages = 0
+        for db in dbs:
+            stat = txn.stat(db)
+            pages += int(stat["branch_pages"]) + int(stat["leaf_pages"]) + int(stat["overflow_pages"])
+    return pages * psize
