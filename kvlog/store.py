@@ -20,17 +20,15 @@ flushes or closes its parent's handle.
 
 from __future__ import annotations
 
-import atexit
-import logging
 import os
 import sys
 import threading
-import warnings
 import weakref
 from collections.abc import Iterable, Iterator
 from types import MethodType, TracebackType
 from typing import Any, TypeVar
 
+from kvlog import unclosed
 from kvlog._native import active as native_active
 from kvlog.clock import Clock, IdSource
 from kvlog.compaction import CompactionReport, Compactor, check_compact_args
@@ -52,51 +50,6 @@ __all__ = ["Store", "WriteBatch", "open_store"]
 _MISSING = object()
 _T = TypeVar("_T")
 
-log = logging.getLogger("kvlog")
-
-#: The handles opened in this process and not closed yet: weak references, so the set keeps
-#: no handle alive (a handle the program drops is freed, and closed, by the garbage collector).
-_open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
-_exiting = False  # set once the exit hook runs: a handle freed after it closes in the freeing thread
-
-
-def _close_unclosed(store: Store) -> None:
-    """Close a handle its program never closed, flushing its buffered writes. A failure is
-    logged (logger ``kvlog``) and warned about (:class:`RuntimeWarning`), never raised: this
-    runs at interpreter exit or in a thread of its own, where nobody could catch it."""
-    try:
-        store.close()
-    except BaseException as exc:  # noqa: BLE001 - reported below; raising here reaches nobody
-        message = (f"kvlog store {store.log.storage.uri}: closing the unclosed handle failed, its "
-                   f"unflushed writes are lost: {type(exc).__name__}: {exc}")
-        log.error(message)
-        try:
-            warnings.warn(message, RuntimeWarning, stacklevel=1)
-        except Exception:  # noqa: BLE001 - warnings turned into errors: the log has it
-            log.debug("the warning about %s was refused", store.log.storage.uri)
-
-
-def _close_open_stores_at_exit() -> None:
-    """At interpreter exit: close (flush) every handle this process opened and left open; the
-    copies of its parent's handles a forked child holds are left alone."""
-    global _exiting
-    _exiting = True
-    pid = os.getpid()
-    for store in list(_open_stores):
-        if store._owner_pid == pid and not store._closed:
-            _warn_unclosed(store)
-            _close_unclosed(store)
-
-
-def _warn_unclosed(store: Store) -> None:
-    try:
-        warnings.warn(f"unclosed kvlog store {store.log.storage.uri} (closed and flushed for you; "
-                      "close it, or use it in a with block)", ResourceWarning, source=store, stacklevel=2)
-    except Exception:  # noqa: BLE001 - warnings turned into errors must not stop the close
-        log.debug("the warning about unclosed %s was refused", store.log.storage.uri)
-
-
-atexit.register(_close_open_stores_at_exit)
 
 
 class WriteBatch:
@@ -194,7 +147,7 @@ class Store(StoreMapping):
                 self._compactor.start()
         # Set last: a handle whose opening failed is never closed for the program.
         self._owner_pid = os.getpid()
-        _open_stores.add(self)
+        unclosed.opened(self)
 
     @property
     def clock(self) -> Clock:
@@ -513,7 +466,7 @@ class Store(StoreMapping):
                     self._flusher.discard()
         finally:
             self._closed = True
-            _open_stores.discard(self)
+            unclosed.closed(self)
             self._scans.close()
             for snap in list(self._snapshots):
                 snap.close()  # a snapshot left open is released with the store
@@ -531,21 +484,14 @@ class Store(StoreMapping):
 
     def __del__(self) -> None:
         """A handle freed unclosed: warn (:class:`ResourceWarning`, like an unclosed file) and
-        close it, flushing its buffered writes, in a thread of its own. Not here: the freeing
-        thread may be anywhere, its own flusher thread holding the buffer's lock included. Not
+        close it, flushing its buffered writes, in a thread of its own (the next open of a store
+        waits for it). Not here: the freeing thread may be anywhere, its own flusher thread
+        holding the buffer's lock, or LMDB's write lock, included. Not
         in a forked child (the handle is its parent's), nor once the interpreter is finalizing
         (the exit hook closed every handle then)."""
         if self.__dict__.get("_owner_pid") != os.getpid() or self._closed or sys.is_finalizing():
             return
-        _warn_unclosed(self)
-        if _exiting:
-            _close_unclosed(self)
-            return
-        try:
-            # Not a daemon: a normal exit waits for the close, so the writes are flushed.
-            threading.Thread(target=_close_unclosed, args=(self,), name="kvlog-close-unclosed").start()
-        except RuntimeError:  # no new thread at this point of the shutdown
-            _close_unclosed(self)
+        unclosed.close_when_freed(self)
 
     def __enter__(self) -> Store:
         return self
@@ -553,6 +499,10 @@ class Store(StoreMapping):
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+    def _name(self) -> str:
+        """The store's URI, as warnings about an unclosed handle name it."""
+        return self.log.storage.uri
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("read-only" if self.log.read_only else "open")
@@ -583,6 +533,7 @@ def open_store(
     if config is not None and not isinstance(config, StoreConfig):
         raise ConfigError(f"config must be a StoreConfig, not {type(config).__name__}")
     cfg = StoreConfig.from_settings(config, **settings)
+    unclosed.wait_for_background_closes()
     if partitions is not None:
         cfg = StoreConfig.from_settings(cfg, partitions=partitions)
     the_log = open_log(

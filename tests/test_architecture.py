@@ -22,7 +22,7 @@ PACKAGE = ROOT / "kvlog"
 #: The layers of docs/architecture.rst, lowest first.
 LAYERS: dict[str, int] = {
     "errors": 0,
-    "clock": 1, "memory": 1, "progress": 1, "extras": 1, "config": 1, "_native": 1,
+    "clock": 1, "memory": 1, "progress": 1, "unclosed": 1, "extras": 1, "config": 1, "_native": 1,
     "storage": 2, "format": 2,
     "meta": 3,
     "index": 4,

@@ -96,6 +96,35 @@ def test_a_handle_dropped_in_a_function_is_flushed_when_collected(tmp_path: Path
     assert _read(tmp_path / "s", "k") == [b"v"]
 
 
+def test_a_handle_opened_after_one_was_dropped_writes_after_its_flush(tmp_path: Path) -> None:
+    # A dropped handle's flush runs in a thread of its own once the collector frees it; the
+    # next open waits for it, so the new handle's value of the same keys is the one that stays
+    # (in the changelog too: the old handle's records come first).
+    out = _run("""
+        import gc, sys, kvlog
+        def write(value):
+            s = kvlog.open(sys.argv[1], flush_interval_ms=60_000)
+            for i in range(200):
+                s.put(f"k{i}", value)
+            for i in range(20_000):  # a flush long enough to still run when the next open comes
+                s.put(f"filler{i}", value * 50)
+        write("old")
+        gc.collect()
+        with kvlog.open(sys.argv[1]) as s:
+            for i in range(200):
+                s.put(f"k{i}", "new")
+    """, str(tmp_path / "s"))
+    assert out.returncode == 0, out.stderr
+    assert "ResourceWarning: unclosed kvlog store" in out.stderr and "Traceback" not in out.stderr
+    assert _read(tmp_path / "s", *[f"k{i}" for i in range(200)]) == [b"new"] * 200
+    changes = _run("""
+        import sys, kvlog
+        with kvlog.open(sys.argv[1], read_only=True, cache_dir=sys.argv[2]) as s:
+            print(repr([r.value for r in s.changes() if r.key == b"k0"]))
+    """, str(tmp_path / "s"), str(tmp_path / "changes-cache"), dev=False)
+    assert changes.stdout.strip() == repr([b"old", b"new"]), changes.stderr
+
+
 def test_ctrl_c_ends_the_program_and_flushes(tmp_path: Path) -> None:
     proc = _started(f"""
         import sys, kvlog
