@@ -30,6 +30,7 @@ clean, a fresh process agreeing); the consumer checks are made by the actions th
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvlog.errors import KvlogError
+from kvlog.errors import KvlogError, StorageError
 
 from .model import Journal, Write, check_changelog_chunk
 from .ops import classify
@@ -480,11 +481,21 @@ class CliConsume(Action):
         store = run.maintainer.store
         if store is None:
             return
+        for attempt in range(5):
+            try:
+                # The maintainer's storage injects faults: a read that met one is read again.
+                below = [(p, upto, list(itertools.takewhile(lambda r, upto=upto: r.offset < upto,
+                                                            store.changes(p))))
+                         for p, upto in sorted(committed.items())]
+                break
+            except StorageError as e:
+                world.log(f"{group}: reading the changelog raised {classify(e)} (attempt {attempt + 1})")
+        else:
+            world.history.violation(f"{group}: the changelog could not be read in 5 attempts")
+            return
         missing = 0
-        for p, upto in sorted(committed.items()):
-            for r in store.changes(p):
-                if r.offset >= upto:
-                    break
+        for p, upto, records in below:
+            for r in records:
                 if (p, r.offset, r.value) in printed:
                     continue
                 if any(b.get(p, 0) <= r.offset < a.get(p, 0) for b, a in excused):
