@@ -343,7 +343,12 @@ class Flusher:
 
     # -- the flush itself -------------------------------------------------------------------------
     def _take_buffers(self) -> _InFlight | None:
-        """The flush in flight, or a new one of everything buffered (called under the flush lock)."""
+        """The flush in flight, or a new one of everything buffered (called under the flush lock).
+
+        The batches are made before the buffer is taken, and the flush in flight is recorded
+        before the buffer is emptied: an exception on the way (a ``KeyboardInterrupt`` from
+        Ctrl-C, raised between any two steps) leaves every record buffered, or both buffered
+        and in flight (written once more, as a retry), never in neither."""
         if self._inflight is not None:
             return self._inflight
         with self._lock:
@@ -353,20 +358,23 @@ class Flusher:
             if not keys:
                 self._durable = max(self._durable, generation)
                 return None
+            expiring = self._expiring
+            batches = []
+            sequences = dict(self._next_sequence)
+            for partition, records in split_by_partition(keys, values, stamps, self._partitions, expiring):
+                seq = sequences.get(partition, 0)
+                batches.append(PendingBatch(partition, records, seq))
+                sequences[partition] = (seq + records.num_rows) % SEQUENCE_MODULUS
+            self._inflight = _InFlight(batches, len(keys), generation, nbytes, self._queued)
+            self._next_sequence = sequences
             self._buf.keys, self._buf.values, self._buf.stamps = [], [], []
-            expiring, self._expiring = self._expiring, []
-            writers, self._queued = self._queued, 0
+            self._expiring = []
+            self._queued = 0
             self._taken = generation
             self._memtable.freeze()
             self._buf.buffered_bytes = 0
             self._inflight_bytes = nbytes
             self._buf.trigger = max(0, min(self._flush_bytes, self._max_unflushed - nbytes))
-        batches = []
-        for partition, records in split_by_partition(keys, values, stamps, self._partitions, expiring):
-            seq = self._next_sequence.get(partition, 0)
-            batches.append(PendingBatch(partition, records, seq))
-            self._next_sequence[partition] = (seq + records.num_rows) % SEQUENCE_MODULUS
-        self._inflight = _InFlight(batches, len(keys), generation, nbytes, writers)
         return self._inflight
 
     def _flush_once(self) -> None:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from store_support import child_env
 
@@ -258,3 +259,34 @@ def test_an_async_store_dropped_is_flushed_when_collected(tmp_path: Path) -> Non
     assert out.returncode == 0, out.stderr
     assert "ResourceWarning: unclosed kvlog store" in out.stderr and "Traceback" not in out.stderr
     assert _read(tmp_path / "s", "k") == [b"v"]
+
+
+def test_ctrl_c_while_a_flush_takes_the_buffer_loses_no_write(tmp_path: Path, monkeypatch: Any) -> None:
+    # Ctrl-C raises KeyboardInterrupt between any two steps of the main thread; one raised while
+    # a flush turns the buffer into batches must leave every record buffered for the next flush.
+    import kvlog
+    from kvlog.log import flusher
+
+    real = flusher.split_by_partition
+    calls = 0
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(flusher, "split_by_partition", interrupted)
+    with kvlog.open(tmp_path / "s", flush_interval_ms=0, background_compaction=False) as store:
+        for i in range(100):
+            store.put(f"k{i}", f"v{i}")
+        try:
+            store.flush()
+        except KeyboardInterrupt:
+            pass
+        else:
+            raise AssertionError("the flush was not interrupted")
+        store.flush()
+    assert calls == 2
+    assert _read(tmp_path / "s", *[f"k{i}" for i in range(100)]) == [f"v{i}".encode() for i in range(100)]
