@@ -40,6 +40,7 @@ from kvlog.log.pinned_open import open_pinned
 from kvlog.log.pins_named import check_name
 from kvlog.meta import MetaTxn, acquire_env, reset_env
 from kvlog.storage import Storage, StoreLocation, open_storage, parse_store_uri
+from kvlog.storage.local import is_temporary
 
 __all__ = ["default_cache_dir", "open_log", "check_open_arguments", "ON_STORAGE_BEHIND", "REBUILD_HINT", "CREATE_HINT",
            "storage_behind"]
@@ -213,7 +214,9 @@ def _check_location(location: StoreLocation, create: bool | None, read_only: boo
             return
         if create is False or read_only:
             raise StoreNotFoundError(f"no kvlog store at {uri!r} (no {IDENTITY_NAME})")
-        if create is None and any(directory.iterdir()):
+        # A directory holding only the temporary file of another process's identity write is
+        # a store being created at this instant: both opens go on, and one identity wins.
+        if create is None and any(not is_temporary(entry.name) for entry in directory.iterdir()):
             raise StoreNotFoundError(
                 f"{uri} is not empty and is not a kvlog store (no {IDENTITY_NAME}): {CREATE_HINT}")
     except OSError as e:
@@ -332,6 +335,11 @@ def _load_checkpoint_if_behind(the_log: Log, newest: int) -> bool:
         except StorageBehindError:
             raise
         except CorruptDataError as e:
+            latest = newest_checkpoint(the_log.storage)
+            if latest > newest and attempt < 2:
+                # Its commit was collected under a newer checkpoint meanwhile: load that one.
+                newest = latest
+                continue
             # A damaged checkpoint only costs replay time while the commits it sums up remain.
             if not the_log.storage.exists(commit_name(version + 1)):
                 raise

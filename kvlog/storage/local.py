@@ -21,7 +21,7 @@ from typing import BinaryIO
 from kvlog.errors import StorageError
 from kvlog.storage.base import BytesLike, ObjectInfo, Storage, check_name
 
-__all__ = ["LocalStorage", "LocalStream"]
+__all__ = ["LocalStorage", "LocalStream", "is_temporary"]
 
 _TMP_MARK = ".tmp-kvlog."
 
@@ -68,6 +68,12 @@ class LocalStream:
                 mapping.close()
             except BufferError:
                 pass  # views of it are still in use: it is unmapped when the last one goes
+
+
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is a file a write of this backend makes before it links the real name:
+    another process creating a store has made the directory and is writing its identity."""
+    return name.startswith(_TMP_MARK)
 
 
 class LocalStorage(Storage):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from root_surgery import QUIET, restore_root, write_past_a_backup
 import kvlog
 import kvlog.aio
 from kvlog import ConfigError, KvlogError, StorageBehindError, StoreNotFoundError
+from kvlog.storage import LocalStorage
+from kvlog.storage.base import ObjectInfo
 
 
 def listing(root: Path) -> dict[str, tuple[int, int, bytes] | None]:
@@ -239,3 +242,55 @@ def test_a_cache_behind_commit_gc_and_a_fresh_cache_open_without_rebuild(tmp_pat
         with kvlog.open(root, cache_dir=tmp_path / cache, **settings) as store:
             assert store.get(b"a") == b"1" and store.get(b"k7") == b"v"
             assert store.check() == []
+
+
+def test_a_directory_another_process_is_creating_a_store_in_is_opened(tmp_path: Path) -> None:
+    """Two processes open one new directory at the same instant: the second may look while the
+    first has written only the temporary file of the store's identity; it opens the store."""
+    root = tmp_path / "s"
+    root.mkdir()
+    (root / ".tmp-kvlog.kvlog.json.4242.1.0").write_bytes(b"{")
+    with kvlog.open(root, flush_interval_ms=0, background_compaction=False) as store:
+        store.put(b"k", b"v", sync=True)
+    with kvlog.open(root, read_only=True) as again:
+        assert again.get(b"k") == b"v"
+
+
+class ListsAnOlderCheckpointOnce(LocalStorage):
+    """Its first listing of ``log/`` shows the log as an opener saw it just before another
+    process wrote a newer checkpoint and collected the commits below it: ``hide`` is left out
+    and ``show`` put in."""
+
+    hide: set[str] = set()
+    show: set[str] = set()
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        listed = super().list(prefix)
+        hidden, shown, self.hide, self.show = self.hide, self.show, set(), set()
+        return [info for info in listed if info.name not in hidden] + [
+            ObjectInfo(name, 1, 0) for name in sorted(shown)]
+
+
+def test_an_opener_whose_checkpoint_lost_its_commit_meanwhile_loads_the_newer_one(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    settings = {"flush_interval_ms": 0, "background_compaction": False, "commit_retention_ms": 0,
+                "checkpoint_interval": 1_000_000}
+    with kvlog.open(root, **settings) as store:
+        for i in range(3):
+            store.put(f"k{i}", "v", sync=True)
+        first = store.log.write_checkpoint()
+        kept = (root / "log" / f"{first:020d}.checkpoint.json").read_bytes()
+        for i in range(3, 6):
+            store.put(f"k{i}", "v", sync=True)
+        time.sleep(0.01)
+        newest = store.log.write_checkpoint()
+        store.gc()
+    assert not (root / "log" / f"{first:020d}.json").exists()
+    # The older checkpoint is read before commit GC deleted it, its commit after.
+    (root / "log" / f"{first:020d}.checkpoint.json").write_bytes(kept)
+    storage = ListsAnOlderCheckpointOnce(root, fsync=False)
+    storage.hide = {f"log/{newest:020d}.checkpoint.json"}
+    storage.show = {f"log/{first:020d}.json"}
+    with kvlog.open(storage, cache_dir=tmp_path / "fresh", read_only=True) as fresh:
+        assert [fresh.get(f"k{i}") for i in range(6)] == [b"v"] * 6
+        assert fresh.log.version >= newest
