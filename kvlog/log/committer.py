@@ -486,7 +486,8 @@ class Committer:
         raise CommitStateUnknownError(
             f"commit {own} and the commits around it were collected before its writer could check "
             "that it follows the commit before it; nothing was acknowledged: reopen the store and "
-            "read back what it holds"
+            "read back what it holds, and keep commits longer than a writer's pauses with a larger "
+            "commit_retention_ms"
         )
 
     def _landed(self, name: str, commit_id: str, cause: StorageError) -> bool:
