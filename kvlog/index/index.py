@@ -406,8 +406,9 @@ class KeyIndex:
         now_ms = self.now_ms()  # entries expired by then go too: reads hide them anyway
         self._reads.release()
         with self.lock:
-            # A merge rewrites the B-tree and the runs it merges: at most their pages again.
-            grows = tree_bytes(self._env.env, [self._env.dbs["index"], self._env.dbs["runs"]])
+            # A merge rewrites the B-tree and the runs it merges, its new pages half full at worst
+            # (page splits), and the free-page lists LMDB writes for what it replaced.
+            grows = 2 * tree_bytes(self._env.env, [self._env.dbs["index"], self._env.dbs["runs"]]) + (1 << 20)
             return int(self._env.write(lambda txn: settle_runs(MetaTxn(self._env, txn), now_ms), grows))
 
     @contextmanager
