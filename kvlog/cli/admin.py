@@ -220,7 +220,8 @@ def register(sub: Subparsers) -> None:
         p.set_defaults(func=_cmd_spark)
 
     p = sub.add_parser("demo", help="the end-to-end demo on a local store")
-    p.add_argument("--path", help="store directory, missing or empty (default: a new temporary directory)")
+    p.add_argument("--path", type=uri_arg,
+                   help="store directory, missing or empty (default: a new temporary directory)")
     p.add_argument("--records", type=int, default=1_000_000, help="how many records to write (default 1000000)")
     p.add_argument("--no-spark", action="store_true", help="skip the Spark materialization step")
     p.add_argument("--keep", action="store_true", help="keep the store at the end (it is removed otherwise)")
