@@ -41,6 +41,7 @@ from kvlog.log.pins_named import check_name
 from kvlog.meta import MetaTxn, acquire_env, reset_env
 from kvlog.storage import Storage, StoreLocation, open_storage, parse_store_uri
 from kvlog.storage.local import is_temporary
+from kvlog.storage.uri import check_location_text
 
 __all__ = ["default_cache_dir", "open_log", "check_open_arguments", "ON_STORAGE_BEHIND", "REBUILD_HINT", "CREATE_HINT",
            "storage_behind"]
@@ -170,12 +171,7 @@ def check_open_arguments(
             cache_dir = os.fspath(cache_dir)
         if not isinstance(cache_dir, str):
             raise ConfigError(f"cache_dir must be a str or a path, not {type(cache_dir).__name__}")
-        if "\x00" in cache_dir:
-            raise ConfigError(f"cache_dir {cache_dir!r} contains a NUL byte")
-        try:
-            cache_dir.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ConfigError(f"cache_dir {cache_dir!r} is not valid UTF-8 (at character {e.start})") from None
+        check_location_text(cache_dir, f"cache_dir {cache_dir!r}")
     if storage_options is not None and not (
             isinstance(storage_options, Mapping) and all(isinstance(k, str) for k in storage_options)):
         raise ConfigError(f"storage_options must be a mapping of named options, not {storage_options!r}")

@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlsplit
 
 from kvlog.errors import ConfigError
 
-__all__ = ["StoreLocation", "parse_store_uri", "OBJECT_SCHEMES"]
+__all__ = ["StoreLocation", "check_location_text", "parse_store_uri", "OBJECT_SCHEMES"]
 
 #: The schemes of object stores (through obstore, the ``s3`` extra).
 OBJECT_SCHEMES = ("s3", "s3a")
@@ -46,7 +46,7 @@ def parse_store_uri(uri: object) -> StoreLocation:
         raise ConfigError(f"a store URI is a str or a path, not {type(uri).__name__}: {_FORMS}")
     if not uri:
         raise ConfigError(f"empty store URI: {_FORMS}")
-    _check_text(uri, uri)
+    check_location_text(uri, f"store URI {uri!r}")
     parts = urlsplit(uri)
     scheme = parts.scheme
     if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
@@ -61,7 +61,7 @@ def parse_store_uri(uri: object) -> StoreLocation:
             path = unquote(parts.path, errors="strict")
         except UnicodeDecodeError:
             raise ConfigError(f"file URI {uri!r} escapes bytes that are not UTF-8") from None
-        _check_text(path, uri)
+        check_location_text(path, f"store URI {uri!r}")
         if not path.startswith("/"):
             raise ConfigError(f"file URI {uri!r} does not name an absolute path; use file:///absolute/path")
         return StoreLocation(uri, _directory(path))
@@ -72,14 +72,15 @@ def parse_store_uri(uri: object) -> StoreLocation:
     raise ConfigError(f"unsupported URI scheme {scheme!r} in {uri!r}: {_FORMS}")
 
 
-def _check_text(text: str, uri: str) -> None:
-    """Refuse a NUL byte, and text that is not UTF-8 (a path's undecodable bytes)."""
+def check_location_text(text: str, what: str) -> None:
+    """Refuse, as ``what`` (e.g. ``store URI '...'``), a location with a NUL byte or text that is
+    not UTF-8 (a path's undecodable bytes): the metadata cache and object stores need text."""
     if "\x00" in text:
-        raise ConfigError(f"store URI {uri!r} contains a NUL byte")
+        raise ConfigError(f"{what} contains a NUL byte")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ConfigError(f"store URI {uri!r} is not valid UTF-8 (at character {e.start})") from None
+        raise ConfigError(f"{what} is not valid UTF-8 (at character {e.start})") from None
 
 
 def _directory(path: str) -> Path:
