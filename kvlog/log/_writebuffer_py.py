@@ -58,24 +58,18 @@ class WriteBuffer:
                 raise TypeError("the write buffer's columns must be lists") from None
             if type(keys) is not list or type(values) is not list or type(stamps) is not list:
                 raise TypeError("the write buffer's columns must be lists")
-            keys.append(key)
-            values.append(value)
-            stamps.append(stamp)
+            lengths = len(keys), len(values), len(stamps)
             try:
+                keys.append(key)
+                values.append(value)
+                stamps.append(stamp)
                 memtable.front[key] = value
             except BaseException:
-                self._drop_last_record()  # the record was appended: take it back
+                # The record is taken back from each column it reached (an interrupt may come
+                # between two appends): the columns stay aligned.
+                del keys[lengths[0]:], values[lengths[1]:], stamps[lengths[2]:]
                 raise
             self.buffered_bytes += len(key) + len(value) + self._overhead
         finally:
             release()
         return self.buffered_bytes >= self.trigger
-
-    def _drop_last_record(self) -> None:
-        """Remove the last item of each column: a record taken back. Code run meanwhile (a
-        property, a lock) may have replaced or deleted a column: such a column is left alone
-        unless it is still a non-empty list."""
-        for name in ("keys", "values", "stamps"):
-            column = getattr(self, name, None)
-            if type(column) is list and column:
-                del column[-1]

@@ -34,28 +34,34 @@ from kvlog.format.checksum import crc32c
 from kvlog.format.commit import Commit, FileEntry, decode_commit, encode_commit
 from kvlog.format.datafile import decode_batch, make_record_batch
 from kvlog.index import runs_pending
+from kvlog.log.catch_up import catch_up, fell_behind
 from kvlog.log.checkpoints import newest_checkpoint
+from kvlog.log.lineage import followed_by, left_behind, link_broken
 from kvlog.log.naming import commit_name
 from kvlog.log.replay import apply_commit, apply_stray
 from kvlog.log.waiting import CommitSignal
 from kvlog.meta import CommitOutcome, MetaTxn
-from kvlog.storage import Storage
 
 if TYPE_CHECKING:
     from kvlog.log.log import Log
 
-__all__ = ["Committer", "OwnBatches", "followed_by", "left_behind", "link_broken"]
+__all__ = ["Committer", "FellBehind", "OwnBatches"]
 
 log = logging.getLogger("kvlog.log")
 
-#: Why a cache that fell behind commit GC cannot write: the commits after its head are gone.
-#: The store's history is whole (a fresh open loads the newest checkpoint); reloading the cache
-#: in place would empty its key index under this process's reads, so it says what to do.
+#: Why a cache that fell behind commit GC could not go on: the commits after its head are
+#: gone. The store's history is whole, and the cache catches up from the newest checkpoint
+#: (:mod:`kvlog.log.catch_up`) before this is raised, so the same call made again goes on.
 _BEHIND_WINDOW = (
     "this cache fell behind the commit retention window (the commits after the newest one it "
-    "applied were collected below a newer checkpoint); nothing was {done}: reopen the store "
-    "to catch up from the checkpoint, or keep commits longer with a larger commit_retention_ms"
+    "applied were collected below a newer checkpoint) and caught up from the checkpoint; "
+    "nothing was {done}: try again, or keep commits longer with a larger commit_retention_ms"
 )
+
+
+class FellBehind(StorageBehindError):
+    """A cache that fell behind commit GC met it in the middle of a step, caught up from the
+    newest checkpoint, and abandoned the step (nothing written): it can be made again."""
 
 #: What a writer that found storage behind its cache tells its caller: reopening refuses the
 #: cache (:class:`StorageBehindError`) until the loss of the commits storage lost is accepted.
@@ -107,12 +113,37 @@ class Committer:
                 try:
                     data = the_log.storage.read(name)
                 except FileNotFoundError:
-                    return version
+                    if not fell_behind(the_log.storage, version) or not self.catch_up():
+                        return version
+                    version = the_log.version
+                    continue
                 commit = decode_commit(name, data)
                 if commit.version != version + 1:
                     raise CorruptDataError(name, f"holds version {commit.version}")
-                self._apply(commit, crc32c(data), self._log.snapshot(lambda r: r.applied_commit()))
+                try:
+                    self._apply(commit, crc32c(data), self._log.snapshot(lambda r: r.applied_commit()))
+                except FellBehind:
+                    version = the_log.version  # caught up: go on from there
+                    continue
                 version += 1
+
+    def catch_up(self) -> bool:
+        """Catch this cache up from the newest checkpoint after it fell behind commit GC
+        (:mod:`kvlog.log.catch_up`); whether it moved forward. What this committer remembered
+        of the history it left is dropped with it."""
+        with self.apply_lock:
+            if not catch_up(self._log):
+                return False
+            self._linked = self._own_head = self._unverified = self._gap = None
+            self.index_stale = False
+            self._log.checkpoint_rows = {}
+        self.signal.notify()
+        return True
+
+    def _behind(self, name: str, done: str) -> FellBehind:
+        """The error for a step that met commit GC past this cache, once the cache caught up."""
+        self.catch_up()
+        return FellBehind(name, _BEHIND_WINDOW.format(done=done))
 
     def _apply(self, commit: Commit, crc: int, applied: tuple[int, str, int] | None) -> CommitOutcome | None:
         """Apply ``commit`` (``crc``: the CRC32C of its bytes) if the cache is at the version
@@ -190,11 +221,10 @@ class Committer:
                 # The commit this cache applied was taken back by its writer (it had landed in
                 # a version commit GC freed) and the history it left was collected below a
                 # checkpoint: the store is whole, this cache is behind it.
-                raise StorageBehindError(commit_name(commit.version),
-                                         _BEHIND_WINDOW.format(done="written")) from None
+                raise self._behind(commit_name(commit.version), "written") from None
             holds = False
         if holds and left_behind(the_log.storage, applied[0]):
-            raise StorageBehindError(name, _BEHIND_WINDOW.format(done="written"))
+            raise self._behind(name, "written")
         if holds:
             log.warning("commit %s does not follow %s (written after a gap, when the root was "
                         "restored): refused", commit_name(commit.version), name)
@@ -216,8 +246,19 @@ class Committer:
         """Write the commit ``build(version)`` at the next free version and return its outcome.
 
         ``build`` is called again for each attempt (it may re-validate, raising to abort) and must
-        keep the same commit id, by which a commit whose outcome was unknown is recognised.
+        keep the same commit id, by which a commit whose outcome was unknown is recognised. A
+        cache found behind commit GC on the way catches up and the commit is made again.
         """
+        tries = 3
+        while True:
+            try:
+                return self._commit(build, own)
+            except FellBehind:
+                tries -= 1
+                if not tries:
+                    raise
+
+    def _commit(self, build: Callable[[int], Commit], own: OwnBatches | None) -> CommitOutcome:
         the_log = self._log
         the_log.check_open()
         if the_log.read_only:
@@ -353,8 +394,7 @@ class Committer:
                 # refused as taken, and the retry applies what landed).
                 return applied[1]
             if newest_checkpoint(the_log.storage) > version:
-                # Reloading the cache in place would empty the key index under concurrent reads.
-                raise StorageBehindError(name, _BEHIND_WINDOW.format(done="written")) from None
+                raise self._behind(name, "written") from None
             raise StorageBehindError(
                 name, "the newest commit this cache applied is missing from storage (restored from an "
                 "older copy, or damaged); nothing was written: " + REBUILD_REOPEN,
@@ -461,11 +501,11 @@ class Committer:
         if missing and newest_checkpoint(storage) > previous:
             # Commit GC collected the history up to a checkpoint past this cache's head and
             # freed the version this commit took: the cache is behind, not of a lost history.
-            reason = f"was collected before {own} landed after it: " + \
-                _BEHIND_WINDOW.format(done="acknowledged")
-        else:
-            reason = (f"is no longer the commit {own} follows (the storage root was restored "
-                      "while the commit was on its way); nothing was acknowledged: " + REBUILD_REOPEN)
+            # Caught up from that checkpoint, it never crosses this commit (if it was not taken
+            # back), and the commit can be written again at the head.
+            raise self._behind(name, "acknowledged")
+        reason = (f"is no longer the commit {own} follows (the storage root was restored "
+                  "while the commit was on its way); nothing was acknowledged: " + REBUILD_REOPEN)
         if not taken_back or (applied is not None and applied[0] >= commit.version):
             # This cache applied the commit, or may yet (it is still in storage): out of date
             # for good.
@@ -505,62 +545,6 @@ class Committer:
         raise CommitStateUnknownError(
             f"could not learn whether {name} landed; reopen the store before resending"
         ) from last
-
-
-def followed_by(storage: Storage, version: int, commit_id: str) -> bool:
-    """Whether storage's history holds commit ``commit_id`` at ``version``, shown by the next
-    commit, which names it as the commit it follows (its ``prev``).
-
-    Commit GC collects a commit only below a checkpoint and keeps the commit right below the
-    newest checkpoint (:mod:`kvlog.log.gc`), so when a commit a reader or writer relied on is
-    missing, what followed it is usually still there to say whether it was collected (its
-    history goes on) or put out of the history (a restore, a version GC had freed). False
-    when nothing in storage names it, which decides nothing either way.
-    """
-    after = commit_name(version + 1)
-    try:
-        return decode_commit(after, storage.read(after)).previous_id == commit_id
-    except FileNotFoundError:
-        return False
-
-
-def left_behind(storage: Storage, version: int) -> bool:
-    """Whether commit ``version``, which the commit after it does not name, lies outside the
-    store's history in a version commit GC freed (a writer behind the retention window wrote it
-    there, and takes it back once it sees that), rather than the commit after it following a gap.
-
-    Commit GC collects commits oldest first, only below a checkpoint: with the commit before
-    ``version`` collected and a checkpoint past the next one, no reader of the history crosses
-    either commit, and a cache that applied ``version`` is behind that checkpoint.
-    """
-    if version > 1 and storage.exists(commit_name(version - 1)):
-        return False
-    return newest_checkpoint(storage) > version + 1
-
-
-def link_broken(storage: Storage, version: int, before: tuple[int, str, int]) -> str | None:
-    """Why commit ``version - 1`` in ``storage`` is not ``before`` (the commit a cache applied
-    there, its id and CRC32C), or None when it is, was collected below a checkpoint at
-    ``version`` or later (commit GC removes only commits a checkpoint sums up), or is damaged
-    in place (no longer a readable commit, so not one a restore put back)."""
-    name = commit_name(version - 1)
-    try:
-        data = storage.read(name)
-    except FileNotFoundError:
-        if newest_checkpoint(storage) >= version:
-            return None
-        return "is missing from storage"
-    if crc32c(data) == before[2]:
-        return None
-    try:
-        found = decode_commit(name, data)
-    except CorruptDataError:
-        # Damaged in place, not replaced: a restore puts back whole commits. The cache applied it
-        # intact, and a reader replaying it from storage meets the damage by name.
-        return None
-    if found.commit_id == before[1]:
-        return None
-    return "differs from the commit this cache applied at that version"
 
 
 def _pause(seconds: float) -> None:

@@ -144,8 +144,11 @@ class Flusher:
         self._partitions = log.partitions
         # One lock for the buffer and the memtable: a write enters both at once.
         self._lock = memtable.lock
-        # Wakes the background thread; announces finished flushes to waiting writers.
-        wake_lock = threading.Lock()
+        # Wakes the background thread; announces finished flushes to waiting writers. Code
+        # holds the lock itself (``with self._wake_lock``), never the conditions: a condition's
+        # ``__enter__`` is Python code, and a KeyboardInterrupt raised as it returns would leave
+        # the lock held by nobody's ``with`` block, and every later flush waiting on it.
+        self._wake_lock = wake_lock = threading.Lock()
         self._wake = threading.Condition(wake_lock)
         # Durable writes buffered and not taken yet (counted with the buffer, under its lock),
         # how many a leader gathers (see _gather), and the signal of each arrival to it.
@@ -189,7 +192,7 @@ class Flusher:
     def stop(self) -> None:
         """Stop the background thread (buffered writes stay buffered)."""
         self._stop.set()
-        with self._wake:
+        with self._wake_lock:
             self._wake.notify_all()
         if self._thread is not None:
             self._thread.join()
@@ -223,13 +226,21 @@ class Flusher:
         stamp_ms = stamp // 1_000_000
         expiring = [] if ttls is None else [(i, stamp_ms + t) for i, t in enumerate(ttls) if t is not None]
         with self._lock:
-            if expiring:
-                first = len(self._buf.keys)
+            buf = self._buf
+            first, expiring_before = len(buf.keys), len(self._expiring)
+            try:
                 self._expiring.extend((first + i, e) for i, e in expiring)
-            for key, value in records:
-                self._buf.keys.append(key)
-                self._buf.values.append(value)
-                self._buf.stamps.append(stamp)
+                for key, value in records:
+                    buf.keys.append(key)
+                    buf.values.append(value)
+                    buf.stamps.append(stamp)
+            except BaseException:
+                # A KeyboardInterrupt between two appends: the columns must stay aligned.
+                for column in (buf.keys, buf.values, buf.stamps):
+                    del column[first:]
+                del self._expiring[expiring_before:]
+                raise
+            # Buffered whole: an interrupt from here on leaves the write to be flushed.
             self._memtable.write(records, expiring)
             generation = self._taken + len(self._buf.keys)
             self._buf.buffered_bytes = buffered = self._buf.buffered_bytes + size
@@ -279,31 +290,37 @@ class Flusher:
         write) the waiter counts among the durable writers a leader gathers (:meth:`_gather`).
         """
         if gather:
-            with self._wake:
+            with self._wake_lock:
                 if self._gathering:
                     self._arrived.notify()
         self._flush_until(generation, gather)
 
     def _flush_until(self, generation: int, gather: bool) -> None:
         while True:
-            with self._wake:
-                while self._durable < generation and self._leading and self._fatal is None:
-                    self._wake.wait(1.0)
-                if self._durable >= generation:
-                    return
-                if self._fatal is not None:
-                    raise self._fatal
-                self._leading = True
-                if gather:
-                    self._gather()
+            # ``lead`` is set before ``_leading``, inside the ``try``: an exception raised between
+            # any two steps (a KeyboardInterrupt) never leaves a flush led by nobody.
+            lead = False
             try:
+                with self._wake_lock:
+                    while self._durable < generation and self._leading and self._fatal is None:
+                        self._wake.wait(1.0)
+                    if self._durable >= generation:
+                        return
+                    if self._fatal is not None:
+                        raise self._fatal
+                    lead = self._leading = True
+                    if gather:
+                        self._gather()
                 with self._flush_lock:  # the background thread may hold it: wait, do not spin
                     if self._durable < generation:
                         self._flush_once()
             finally:
-                with self._wake:
+                if lead:
+                    # Cleared before the lock is taken (waiters look again within a second if
+                    # the wake-up is lost to an interrupted acquire).
                     self._leading = False
-                    self._wake.notify_all()
+                    with self._wake_lock:
+                        self._wake.notify_all()
 
     def _gather(self) -> None:
         """Before leading a flush (under the wake lock): wait, at most :data:`GATHER_S`, until as
@@ -326,7 +343,7 @@ class Flusher:
 
     def _announce(self) -> None:
         """Wake the writers waiting for a flush (after the flush lock is released)."""
-        with self._wake:
+        with self._wake_lock:
             self._wake.notify_all()
 
     def discard(self) -> None:
@@ -424,7 +441,7 @@ class Flusher:
         quiet_after = -2
         settled_after = -1  # the flush count when the index runs were last merged
         while not self._stop.is_set():
-            with self._wake:
+            with self._wake_lock:
                 # Writers change the buffer before they notify under this lock: no lost wake-up.
                 if not self._due() or self._fatal is not None:
                     # Quiet for a whole interval since a flush: merge the key index's runs then.

@@ -37,7 +37,7 @@ from kvlog.format.identity import Identity
 from kvlog.index import IndexEntry, IndexReader, KeyIndex, RebuildChunk, RecordExpired
 from kvlog.log import append, checkpoints, gc, producer_handle, waiting
 from kvlog.log.append import PendingBatch
-from kvlog.log.committer import Committer, OwnBatches
+from kvlog.log.committer import Committer, FellBehind, OwnBatches
 from kvlog.log.pins import registry_for
 from kvlog.log.producer_handle import Producer
 from kvlog.log.reader import (
@@ -401,8 +401,23 @@ class Log:
         checkpoints.maybe_checkpoint(self)
 
     def write_checkpoint(self) -> int:
-        """Write the full metadata at the applied version as ``log/<version>.checkpoint.json``."""
-        return checkpoints.write_checkpoint(self)
+        """Write the full metadata at the applied version as ``log/<version>.checkpoint.json``
+        (once more at the new version if the cache had fallen behind commit GC and caught up)."""
+        try:
+            return checkpoints.write_checkpoint(self)
+        except FellBehind:
+            return checkpoints.write_checkpoint(self)
+
+    def catch_up(self) -> bool:
+        """Catch the cache up from the newest checkpoint, built beside it and moved in whole
+        (see ``kvlog.log.catch_up``); whether it moved forward."""
+        return self._committer.catch_up()
+
+    def beside(self, env: LmdbEnv) -> Log:
+        """A log of this store on the cache ``env`` (read-only, sharing this log's storage):
+        where a catch-up builds the cache it moves into this one (``kvlog.log.catch_up``)."""
+        return Log(self.storage, self.identity, env, self.config, self.clock, self.ids, True, False,
+                   self.maintain_index)
 
     def load_checkpoint(self, version: int) -> None:
         """Replace the metadata cache with checkpoint ``version``, replay the commits after it,

@@ -33,7 +33,7 @@ from kvlog.format.commit import Commit, decode_commit
 from kvlog.format.identity import IDENTITY_NAME, Identity, decode_identity, encode_identity
 from kvlog.index import check_cache_file
 from kvlog.log.checkpoints import load_checkpoint, newest_checkpoint
-from kvlog.log.committer import followed_by, left_behind, link_broken
+from kvlog.log.lineage import followed_by, left_behind, link_broken
 from kvlog.log.log import Log
 from kvlog.log.naming import LOG_PREFIX, commit_name
 from kvlog.log.pinned_open import open_pinned
@@ -320,6 +320,9 @@ def _load_checkpoint_if_behind(the_log: Log, newest: int) -> bool:
         if not (newest > version and (version == 0 or not the_log.storage.exists(commit_name(version + 1)))):
             return False
         try:
+            if version:
+                # Readers of this cache (here or in other processes) never see it emptied.
+                return the_log.catch_up()
             load_checkpoint(the_log, newest)
             return True
         except FileNotFoundError:

@@ -30,25 +30,28 @@ class CommitSignal:
     """Counts the commits applied to this process's cache and wakes whoever waits for one."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        # Held as the lock itself, never as the condition, whose Python-level ``__enter__`` a
+        # KeyboardInterrupt can leave with the lock held (see ``kvlog.log.flusher``).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._applied = 0
 
     def notify(self) -> None:
         """One more commit was applied: wake every waiter."""
-        with self._cond:
+        with self._lock:
             self._applied += 1
             self._cond.notify_all()
 
     @property
     def applied(self) -> int:
         """How many commits were applied since the cache was opened (a waiter's ticket)."""
-        with self._cond:
+        with self._lock:
             return self._applied
 
     def wait(self, seen: int, seconds: float) -> bool:
         """Sleep until a commit is applied after ticket ``seen``, or ``seconds`` pass; whether a
         commit woke it (False: the whole ``seconds`` were slept)."""
-        with self._cond:
+        with self._lock:
             return self._cond.wait_for(lambda: self._applied != seen, seconds)
 
 
