@@ -111,6 +111,8 @@ def run_demo(
     the last line says so. ``live`` shows spinners (default: when ``say`` is :func:`print`
     and standard output is a terminal); ``progress_bars`` the bar of the write step.
     """
+    if not isinstance(records, int) or isinstance(records, bool) or records <= 0:
+        raise ConfigError(f"records must be a whole number above zero, not {records!r}")
     root = _fresh_root(path)
     if keep:
         say(f"kvlog demo: store at {root} (kept at the end)")

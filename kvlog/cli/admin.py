@@ -164,6 +164,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 1 if result.failures else 0
 
 
+def _positive_count(text: str) -> int:
+    """``--records N``: a whole number above zero, refused as a usage error otherwise."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if count <= 0:
+        raise argparse.ArgumentTypeError(f"{count} is not above zero")
+    return count
+
+
 def _spark_conf_arg(text: str) -> tuple[str, str]:
     """``--conf KEY=VALUE``: a Spark setting, refused as a usage error unless it has a key and ``=``."""
     key, sep, value = text.partition("=")
@@ -222,7 +233,8 @@ def register(sub: Subparsers) -> None:
     p = sub.add_parser("demo", help="the end-to-end demo on a local store")
     p.add_argument("--path", type=uri_arg,
                    help="store directory, missing or empty (default: a new temporary directory)")
-    p.add_argument("--records", type=int, default=1_000_000, help="how many records to write (default 1000000)")
+    p.add_argument("--records", type=_positive_count, default=1_000_000,
+                   help="how many records to write (default 1000000)")
     p.add_argument("--no-spark", action="store_true", help="skip the Spark materialization step")
     p.add_argument("--keep", action="store_true", help="keep the store at the end (it is removed otherwise)")
     p.set_defaults(func=_cmd_demo)

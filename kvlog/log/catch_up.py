@@ -46,8 +46,11 @@ ASIDE_PREFIX = "catch-up."
 
 def fell_behind(storage: Storage, version: int) -> bool:
     """Whether a cache at ``version`` whose next commit is missing fell behind commit GC: the
-    commit it applied last was collected too, below a newer checkpoint."""
-    return version > 0 and not storage.exists(commit_name(version)) and newest_checkpoint(storage) > version
+    commit it applied last was collected too (an empty cache has none), below a newer
+    checkpoint."""
+    if version > 0 and storage.exists(commit_name(version)):
+        return False
+    return newest_checkpoint(storage) > version
 
 
 def catch_up(the_log: Log) -> bool:

@@ -380,6 +380,8 @@ class Committer:
         """
         self._check_own_commits()
         if version == 0:
+            if fell_behind(self._log.storage, 0):
+                raise self._behind(commit_name(1), "written")  # commit 1 was collected
             return None
         the_log = self._log
         applied: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_commit())
@@ -468,20 +470,28 @@ class Committer:
         version and head read before writing (the head unread: None); when the commit read now
         has the bytes of that head, which ``commit`` follows, it need not be decoded.
         """
-        if previous == 0 or commit.previous_id is None:
+        if previous != 0 and commit.previous_id is None:
             return
         storage = self._log.storage
-        name = commit_name(previous)
         own = commit_name(commit.version)
+        name = commit_name(previous) if previous else own
         known = head[1] if head[0] == previous else None
         missing = False
         try:
-            data = storage.read(name)
-            if known is not None and known[0] == previous and known[1] == commit.previous_id \
-                    and crc32c(data) == known[2]:
-                follows = True
+            if previous == 0:
+                # The first commit has nothing before it to read. It took a version commit GC
+                # freed (its writer's cache was empty while others wrote, checkpointed and
+                # collected) when a checkpoint exists and no commit after it names it.
+                missing = True
+                follows = followed_by(storage, commit.version, commit.commit_id) or \
+                    newest_checkpoint(storage) == 0
             else:
-                follows = decode_commit(name, data).commit_id == commit.previous_id
+                data = storage.read(name)
+                if known is not None and known[0] == previous and known[1] == commit.previous_id \
+                        and crc32c(data) == known[2]:
+                    follows = True
+                else:
+                    follows = decode_commit(name, data).commit_id == commit.previous_id
         except FileNotFoundError:
             missing = True
             follows = followed_by(storage, commit.version, commit.commit_id) or \

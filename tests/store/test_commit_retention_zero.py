@@ -257,3 +257,25 @@ def test_two_processes_writing_checkpointing_and_collecting_with_retention_zero_
             missing = [k for k in acked if again.get(k) != k]
             assert missing == []
             assert again.check() == []
+
+
+def test_a_handle_opened_on_an_empty_store_writes_into_the_history_after_commit_gc(tmp_path: Path) -> None:
+    """A handle opens a store with no commit yet; another writes, checkpoints and collects
+    commit 1 (retention 0). The first handle's first commit, put at version 1 (free again),
+    follows nothing it can read: it is found outside the history (a checkpoint exists and no
+    commit names it), taken back, and written again at the head, so a fresh reader sees it."""
+    root = tmp_path / "root"
+    a = kvlog.open(root, cache_dir=tmp_path / "a", **SETTINGS)
+    try:
+        assert a.log.version == 0
+        with kvlog.open(root, cache_dir=tmp_path / "b", **SETTINGS) as b:
+            keys = _commit_up_to(b, 3, "b")
+            assert _checkpoint_and_collect(b)["commits"] > 0
+        assert not (root / commit_name(1)).exists()
+        a.put(b"first", b"first", sync=True)
+        assert a.log.version > 3
+        _holds(a, [*keys])
+    finally:
+        a.close()
+    _reopen_and_check(root, tmp_path / "fresh", [*keys, b"first"])
+    _reopen_and_check(root, tmp_path / "a", [*keys, b"first"])

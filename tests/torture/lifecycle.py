@@ -82,8 +82,17 @@ def _timeout(run: Run, seconds: float) -> float:
     return seconds * run.slowness
 
 
+#: How an application reaches an object store with default arguments: the standard variables.
+_AWS_VARIABLES = {"endpoint_override": "AWS_ENDPOINT_URL", "access_key": "AWS_ACCESS_KEY_ID",
+                  "secret_key": "AWS_SECRET_ACCESS_KEY", "region": "AWS_REGION"}
+
+
 def _child_env(world: World) -> dict[str, str]:
     env = world.backend.child_env()
+    for option, variable in _AWS_VARIABLES.items():
+        value = (world.backend.storage_options or {}).get(option)
+        if value is not None:
+            env[variable] = str(value)
     env["XDG_CACHE_HOME"] = str(world.workdir / "xdg-cache")  # a default cache dir inside the run
     env.pop("PYTHONUNBUFFERED", None)  # stdout buffered as an application's is
     return env
