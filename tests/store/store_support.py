@@ -96,6 +96,14 @@ def run_script(name: str, spec: dict[str, Any], timeout: float) -> dict[str, Any
     return result
 
 
+def replay_from(root: Root, positions: dict[int, int]) -> list[tuple[int, int, bytes, bytes | None]]:
+    """What a fresh reader of ``root`` reads from ``positions`` (offset by partition), as
+    ``(partition, offset, key, value)``."""
+    with root.open(cache="fresh", read_only=True) as fresh:
+        return [(r.partition, r.offset, r.key, r.value)
+                for p, at in sorted(positions.items()) for r in fresh.log.read(p, at)]
+
+
 def visible(store: kvlog.Store) -> list[tuple[bytes, bytes]]:
     """Every (key, value) of ``store`` in key order."""
     return list(store.scan())

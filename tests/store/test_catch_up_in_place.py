@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 
-from store_support import EXPLICIT_FLUSH, Root, child_env, run_script
+from store_support import EXPLICIT_FLUSH, Root, child_env, replay_from, run_script
 
 import kvlog
 from kvlog.log.catch_up import ASIDE_PREFIX
@@ -51,12 +51,6 @@ def _fell_behind(root: Root, store: kvlog.Store) -> None:
         assert not probe.log.storage.exists(commit_name(head + 1))
 
 
-def _replay(root: Root, positions: dict[int, int]) -> list[tuple[int, int, bytes, bytes | None]]:
-    with root.open(cache="fresh", read_only=True) as fresh:
-        return [(r.partition, r.offset, r.key, r.value)
-                for p, at in sorted(positions.items()) for r in fresh.log.read(p, at)]
-
-
 def test_a_consumer_idle_past_commit_gc_resumes_where_it_committed(root: Root) -> None:
     names = _fill(root, 40, 4)
     with root.open(cache="consumer", **RETENTION_ZERO) as store:
@@ -71,7 +65,7 @@ def test_a_consumer_idle_past_commit_gc_resumes_where_it_committed(root: Root) -
             got.extend(batch)
         consumer.commit()
         assert store.check() == []
-    expected = _replay(root, committed)
+    expected = replay_from(root, committed)
     assert sorted((r.partition, r.offset, r.key, r.value) for r in got) == expected
     assert {r.key for r in got if r.value and r.value.startswith(b"new-")} == {k.encode() for k in names[::3]}
 
@@ -93,7 +87,7 @@ def test_a_caught_up_consumer_idle_past_commit_gc_is_woken_by_new_records(root: 
             batch = consumer.poll(timeout_s=10)
             assert batch, "the consumer never saw the records written after GC collected its next commit"
             got.extend(batch)
-    assert sorted((r.partition, r.offset, r.key, r.value) for r in got) == _replay(root, ends)
+    assert sorted((r.partition, r.offset, r.key, r.value) for r in got) == replay_from(root, ends)
 
 
 def test_reads_of_a_shared_cache_never_miss_a_key_while_it_catches_up(local_root: Root) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from store_support import EXPLICIT_FLUSH, Root, run_script
+from store_support import EXPLICIT_FLUSH, Root, replay_from, run_script
 
 import kvlog
 import kvlog.aio
@@ -38,12 +38,6 @@ def _compact_and_collect(root: Root, keys: list[str]) -> None:
     assert counts["replaced"] > 0  # the files the idle handle lists are gone
 
 
-def _replay(root: Root, positions: dict[int, int]) -> list[tuple[int, int, bytes, bytes | None]]:
-    with root.open(cache="fresh", read_only=True) as fresh:
-        return [(r.partition, r.offset, r.key, r.value)
-                for p, at in sorted(positions.items()) for r in fresh.log.read(p, at)]
-
-
 def test_an_idle_consumer_resumes_after_another_process_compacts_and_collects(local_root: Root) -> None:
     names = _fill(local_root, 40, 4)
     with local_root.open(cache="consumer", **EXPLICIT_FLUSH) as store:
@@ -55,7 +49,7 @@ def test_an_idle_consumer_resumes_after_another_process_compacts_and_collects(lo
         got = []
         while batch := consumer.poll(timeout_s=0):
             got.extend(batch)
-    expected = _replay(local_root, committed)
+    expected = replay_from(local_root, committed)
     assert sorted((r.partition, r.offset, r.key, r.value) for r in got) == expected
     assert {r.key for r in got if r.value and r.value.startswith(b"new-")} == {k.encode() for k in names[::3]}
 
@@ -93,7 +87,7 @@ def test_an_idle_async_follower_resumes_after_another_process_compacts(local_roo
             assert (await records.__anext__()).offset == 0
             last = kvlog.aio.CHUNK_ROWS - 1
             _compact_and_collect(local_root, names[::2])
-            expected = last + len(_replay(local_root, {0: last + 1}))
+            expected = last + len(replay_from(local_root, {0: last + 1}))
             got = []
             async for record in records:
                 got.append((record.offset, record.key, record.value))
@@ -104,7 +98,7 @@ def test_an_idle_async_follower_resumes_after_another_process_compacts(local_roo
 
     last, got = asyncio.run(follow())
     assert [o for o, _k, _v in got[:last]] == list(range(1, last + 1))  # read before
-    assert got[last:] == [(o, k, v) for _p, o, k, v in _replay(local_root, {0: last + 1})]
+    assert got[last:] == [(o, k, v) for _p, o, k, v in replay_from(local_root, {0: last + 1})]
 
 
 def test_a_snapshot_read_of_a_file_another_process_collected_says_so(local_root: Root) -> None:
