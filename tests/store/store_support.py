@@ -96,6 +96,23 @@ def run_script(name: str, spec: dict[str, Any], timeout: float) -> dict[str, Any
     return result
 
 
+#: Values past ``inline_value_bytes``: they live in the data files only.
+PAD = "x" * 1100
+
+
+def fill_old(root: Root, keys: int, flushes: int, settings: dict[str, Any], partitions: int = 2,
+             width: int = 3) -> list[str]:
+    """Write ``keys`` keys ``k000``… (``width`` digits) with the value ``old-<key>|`` and
+    :data:`PAD`, in ``flushes`` flushes (so as many data files); the key names."""
+    names = [f"k{i:0{width}d}" for i in range(keys)]
+    with root.open(partitions=partitions, **settings) as store:
+        for n, key in enumerate(names):
+            store.put(key, f"old-{key}|{PAD}")
+            if (n + 1) % (keys // flushes) == 0:
+                store.flush()
+    return names
+
+
 def replay_from(root: Root, positions: dict[int, int]) -> list[tuple[int, int, bytes, bytes | None]]:
     """What a fresh reader of ``root`` reads from ``positions`` (offset by partition), as
     ``(partition, offset, key, value)``."""

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 
-from store_support import EXPLICIT_FLUSH, Root, child_env, replay_from, run_script
+from store_support import EXPLICIT_FLUSH, PAD, Root, child_env, fill_old, replay_from, run_script
 
 import kvlog
 from kvlog.log.catch_up import ASIDE_PREFIX
@@ -22,18 +22,10 @@ from kvlog.log.naming import commit_name
 
 #: Commits are collected below the newest checkpoint as soon as one is written.
 RETENTION_ZERO = {**EXPLICIT_FLUSH, "commit_retention_ms": 0, "checkpoint_interval": 10_000}
-#: Values past ``inline_value_bytes``: they live in the data files only.
-PAD = "x" * 1100
 
 
 def _fill(root: Root, keys: int, flushes: int) -> list[str]:
-    names = [f"k{i:04d}" for i in range(keys)]
-    with root.open(partitions=2, **RETENTION_ZERO) as store:
-        for n, key in enumerate(names):
-            store.put(key, f"old-{key}|{PAD}")
-            if (n + 1) % (keys // flushes) == 0:
-                store.flush()
-    return names
+    return fill_old(root, keys, flushes, RETENTION_ZERO, width=4)
 
 
 def _others_compact_checkpoint_and_collect(root: Root, keys: list[str]) -> None:

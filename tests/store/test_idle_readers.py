@@ -11,24 +11,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from store_support import EXPLICIT_FLUSH, Root, replay_from, run_script
+from store_support import EXPLICIT_FLUSH, PAD, Root, fill_old, replay_from, run_script
 
 import kvlog
 import kvlog.aio
 from kvlog.errors import CorruptDataError
 
-#: Values past ``inline_value_bytes``: they live in the data files only.
-PAD = "x" * 1100
-
 
 def _fill(root: Root, keys: int, flushes: int, partitions: int = 2) -> list[str]:
-    names = [f"k{i:03d}" for i in range(keys)]
-    with root.open(partitions=partitions, **EXPLICIT_FLUSH) as store:
-        for n, key in enumerate(names):
-            store.put(key, f"old-{key}|{PAD}")
-            if (n + 1) % (keys // flushes) == 0:
-                store.flush()
-    return names
+    return fill_old(root, keys, flushes, EXPLICIT_FLUSH, partitions)
 
 
 def _compact_and_collect(root: Root, keys: list[str]) -> None:
