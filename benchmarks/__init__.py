@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "store.scan, store.get_many, store.durable_threads, store.memory, store.recovery, "
                              "store.aio, consumer, consumer.poll, consumer.latency, compaction, spark, "
                              "peers, peers.load, peers.gets, peers.scan, peers.short_scans, peers.ycsb, "
-                             "peers.durable_threads, peers.reopen, peers.space")
+                             "peers.durable_threads, peers.durable_single, peers.reopen, peers.space")
     parser.add_argument("--work-dir", help="where the temporary stores go (default: the system temp)")
     parser.add_argument("--records", type=int, help="override the number of records")
     parser.add_argument("--recovery-keys", type=int,

@@ -10,8 +10,8 @@ of the ratios of the paired runs (``paired_ratios``), and states each side's dur
 Steps (``--only`` ids): ``peers.load`` (bulk load, kvlog's index merge counted),
 ``peers.gets``, ``peers.scan`` (full scan), ``peers.short_scans`` (with and without index
 runs pending), ``peers.ycsb`` (workloads A-F, :mod:`benchmarks.ycsb`), and, in
-:mod:`benchmarks.peer_system`, ``peers.durable_threads``, ``peers.reopen`` and
-``peers.space``. Targets are recorded with ``met`` (``target`` in the JSON, as in the main
+:mod:`benchmarks.peer_system`, ``peers.durable_threads``, ``peers.durable_single``,
+``peers.reopen`` and ``peers.space``. Targets are recorded with ``met`` (``target`` in the JSON, as in the main
 suite) and printed, never asserted.
 """
 
@@ -113,7 +113,11 @@ TARGETS: dict[str, list[dict[str, Any]]] = {
                    {"anchor": "rocksdict", "min_ratio": 1.0,
                     "text": "load, merge counted, >= 1.0x rocksdict"}],
     "peers.durable_threads": [{"anchor": "rocksdict", "min_ratio": 1.5,
-                               "text": "16-thread sync writes >= 1.5x rocksdict"}],
+                               "text": "16-thread sync writes >= 1.5x rocksdict"},
+                              {"anchor": "fsync_floor", "min_ratio": 0.4,
+                               "text": "16-thread sync writes >= 0.4x 16 threads fsyncing their own files"}],
+    "peers.durable_single": [{"anchor": "fsync_floor", "max_ratio": 2.0,
+                              "text": "one sync put's median <= 2x a new file's fsync + directory fsync"}],
     **{f"peers.reopen_{state}": [{"metric": "slowest_ms", "max": 1000.0,
                                   "text": "open + first get < 1 s, every run"}]
        for state in ("clean", "pending_runs", "mid_flush")},
@@ -605,7 +609,12 @@ Step = tuple[str, str, Callable[[PeerContext], "dict[str, Any] | list[dict[str, 
 
 
 def _steps() -> list[Step]:
-    from benchmarks.peer_system import bench_durable_threads, bench_reopen, bench_space
+    from benchmarks.peer_system import (
+        bench_durable_single,
+        bench_durable_threads,
+        bench_reopen,
+        bench_space,
+    )
 
     return [
         ("peers.load", "bulk load, merge counted", bench_load),
@@ -614,6 +623,7 @@ def _steps() -> list[Step]:
         ("peers.short_scans", "short scans", bench_short_scans),
         ("peers.ycsb", "YCSB A-F", bench_ycsb),
         ("peers.durable_threads", "16-thread sync writes", bench_durable_threads),
+        ("peers.durable_single", "one-thread sync write latency", bench_durable_single),
         ("peers.reopen", "reopen after close and after kill -9", bench_reopen),
         ("peers.space", "disk and RssAnon after a load", bench_space),
     ]

@@ -12,9 +12,11 @@ bytes on disk and peak ``RssAnon`` right after loading, each store in a fresh pr
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +39,7 @@ from benchmarks.suite import measurement, quiesce, threaded_loop
 if TYPE_CHECKING:
     from benchmarks.peer_suite import PeerContext
 
-__all__ = ["bench_durable_threads", "bench_reopen", "bench_space"]
+__all__ = ["bench_durable_single", "bench_durable_threads", "bench_reopen", "bench_space"]
 
 MiB = 1024 * 1024
 
@@ -52,12 +54,13 @@ def bench_durable_threads(ctx: PeerContext) -> dict[str, Any]:
     threads = s.threads
     n = len(ctx.keys)
     keys, values = ctx.keys, ctx.values
-    runs: dict[str, list[float]] = {k: [] for k in KV_PEERS}
+    contenders = (*KV_PEERS, "fsync_floor")
+    runs: dict[str, list[float]] = {k: [] for k in contenders}
     per_flush: list[float] = []
     flushes: list[int] = []
     began = perf_counter()
     for r in range(s.repeats):
-        for name in turned(KV_PEERS, r):
+        for name in turned(contenders, r):
             ctx.bar.describe(f"peers: {threads} threads, synced writes ({name})")
             path = ctx.new_dir(f"threads-{name}")
             try:
@@ -89,6 +92,8 @@ def bench_durable_threads(ctx: PeerContext) -> dict[str, Any]:
                         count, elapsed, _lat = threaded_loop(rocksdict_op, threads, s.durable_seconds)
                     finally:
                         db.close()
+                elif name == "fsync_floor":
+                    count, elapsed = _fsync_floor(path, threads, s.durable_seconds, len(keys[0]) + len(values[0]))
                 else:
                     env = lmdb.open(str(path), map_size=ctx.map_size(n), sync=True, max_spare_txns=threads)
                     try:
@@ -111,16 +116,111 @@ def bench_durable_threads(ctx: PeerContext) -> dict[str, Any]:
         f"/ store.stats()['flushes'], in `records_per_flush`). rocksdict: Rdict.put(key, value, "
         f"WriteOptions(sync=True)), RocksDB groups concurrent writers' WAL syncs. py-lmdb: "
         f"sync=True, one write transaction per put (LMDB serialises writers; every commit "
-        f"fsyncs). Unit: writes/s = all writes / wall time from the start barrier to the last join."
+        f"fsyncs). Floor: each thread appends the same bytes as one record to a file of its "
+        f"own and fsyncs it (os.write + os.fsync), the disk's rate of independent durable "
+        f"appends from {threads} threads. Unit: writes/s = all writes / wall time from the start "
+        f"barrier to the last join."
     )
     return peer_entry(
         "peers.durable_threads", f"durable writes, {threads} threads, sync=True", method,
         measurement("kvlog", "kvlog put(sync=True)", "writes/s", runs["kvlog"],
                     records_per_flush=per_flush, flushes_per_run=flushes),
         [measurement("lmdb", "py-lmdb, a synced txn per put", "writes/s", runs["lmdb"]),
-         measurement("rocksdict", "rocksdict put, WriteOptions sync=True", "writes/s", runs["rocksdict"])],
+         measurement("rocksdict", "rocksdict put, WriteOptions sync=True", "writes/s", runs["rocksdict"]),
+         measurement("fsync_floor", f"{threads} threads, each write + fsync of its own file", "writes/s",
+                     runs["fsync_floor"])],
         seconds=perf_counter() - began, records_per_flush=median(per_flush),
     )
+
+
+def _fsync_floor(path: Path, threads: int, seconds: float, record_bytes: int) -> tuple[int, float]:
+    """``threads`` threads, each appending ``record_bytes`` to a file of its own and fsyncing
+    it, for ``seconds``: (appends, elapsed)."""
+    path.mkdir(parents=True, exist_ok=True)
+    fds = [os.open(path / f"t{t}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) for t in range(threads)]
+    record = b"r" * record_bytes
+    try:
+        def append(t: int, _i: int) -> None:
+            os.write(fds[t], record)
+            os.fsync(fds[t])
+
+        count, elapsed, _lat = threaded_loop(append, threads, seconds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return count, elapsed
+
+
+def bench_durable_single(ctx: PeerContext) -> dict[str, Any]:
+    """One thread: the latency of a durable put beside the floor of a new file made durable."""
+    import kvlog
+
+    s = ctx.settings
+    n = len(ctx.keys)
+    keys, values = ctx.keys, ctx.values
+    latencies: dict[str, list[float]] = {"kvlog": [], "fsync_floor": []}
+    runs: dict[str, list[float]] = {"kvlog": [], "fsync_floor": []}
+    began = perf_counter()
+    for r in range(s.repeats):
+        for name in turned(("kvlog", "fsync_floor"), r):
+            ctx.bar.describe(f"peers: one thread, synced writes ({name})")
+            path = ctx.new_dir(f"single-{name}")
+            try:
+                quiesce()
+                if name == "kvlog":
+                    with kvlog.open(path) as store:
+                        def kvlog_op(_t: int, i: int, store: kvlog.Store = store) -> None:
+                            store.put(keys[i % n], values[i % n], sync=True)
+
+                        _count, _elapsed, lat = threaded_loop(kvlog_op, 1, s.durable_seconds)
+                else:
+                    lat = _new_file_floor(path, s.durable_seconds, len(keys[0]) + len(values[0]))
+                latencies[name].extend(lat)
+                runs[name].append(median(lat) * 1000)
+            finally:
+                shutil.rmtree(path, ignore_errors=True)
+    method = (
+        f"One thread, time-bounded runs of {s.durable_seconds:g} s on a new store per run, in turn "
+        f"with the floor. kvlog: store.put(key, value, sync=True), each call's latency. Floor: "
+        f"the fewest steps a new durable object takes on a file system, each timed: write the "
+        f"bytes of one record to a new file, fsync it, link it into a directory and fsync the "
+        f"directory. Unit: the median latency of the run in ms; lower is better."
+    )
+    return peer_entry(
+        "peers.durable_single", "durable write latency, one thread, sync=True", method,
+        measurement("kvlog", "kvlog put(sync=True)", "ms", runs["kvlog"], latencies_s=latencies["kvlog"]),
+        [measurement("fsync_floor", "a new file: write + fsync + link + directory fsync", "ms",
+                     runs["fsync_floor"], latencies_s=latencies["fsync_floor"])],
+        higher_is_better=False, seconds=perf_counter() - began,
+    )
+
+
+def _new_file_floor(path: Path, seconds: float, record_bytes: int) -> list[float]:
+    """Latencies of making one new file of ``record_bytes`` durable, for ``seconds``."""
+    path.mkdir(parents=True, exist_ok=True)
+    record = b"r" * record_bytes
+    directory = os.open(path, os.O_RDONLY)
+    latencies: list[float] = []
+    try:
+        end = perf_counter() + seconds
+        i = 0
+        while perf_counter() < end:
+            t0 = perf_counter()
+            tmp = path / f".tmp{i}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, record)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.link(tmp, path / f"{i}.json")
+            os.unlink(tmp)
+            os.fsync(directory)
+            latencies.append(perf_counter() - t0)
+            i += 1
+    finally:
+        os.close(directory)
+    return latencies
 
 
 _REOPEN_NAMES = {

@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-FORMAT = 1
+FORMATS = (1, 2)  # format 2: a document (a commit) may carry attached bytes after its body
 SEQUENCE_MODULUS = 2**31
 WINDOW = 5
 PRODUCER_ID_EXPIRATION_MS = 86_400_000  # the writers' ``producer_id_expiration_ms`` (default 1 day)
@@ -59,18 +59,36 @@ def crc32c(data: bytes) -> int:
 
 
 def read_document(path: str, kind: str) -> dict[str, Any]:
-    """The body of the envelope at ``path``, checked as the format says."""
+    """The body of the envelope at ``path``, checked as the format says. A commit's inline
+    file becomes its first added file, at the commit's own name (``log/<file name>``), its
+    batch positions counted from the start of the commit object."""
     with open(path, "rb") as f:
         data = f.read()
     header_line, _, rest = data.partition(b"\n")
     header = json.loads(header_line)
-    if header.get("kvlog") != kind or header.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a format-{FORMAT} {kind}")
-    body = rest[: header["length"]]
-    if rest[header["length"]:] != b"\n" or crc32c(body) != header["crc32c"]:
+    if header.get("kvlog") != kind or header.get("format") not in FORMATS:
+        raise ValueError(f"{path}: not a {kind} of format {FORMATS}")
+    length, attached = header["length"], header.get("data", 0) if header["format"] == 2 else 0
+    body = rest[:length]
+    if rest[length:length + 1] != b"\n" or len(rest) != length + 1 + attached or crc32c(body) != header["crc32c"]:
         raise ValueError(f"{path}: truncated or damaged")
     doc: dict[str, Any] = json.loads(body)
+    if "inline" in doc:
+        start = len(header_line) + 1 + length + 1
+        inline = dict(doc.pop("inline"), path="log/" + os.path.basename(path))
+        inline["batches"] = [{**b, "pos": b["pos"] + start} for b in inline["batches"]]
+        doc["add"] = [inline, *doc["add"]]
     return doc
+
+
+def data_start(f: Any, name: str) -> int:
+    """Where the Arrow IPC file ``name`` starts in the open object ``f``: 0 for a data file,
+    the attached bytes of a commit (``log/…``) that carries the file inline."""
+    if not name.startswith("log/"):
+        return 0
+    f.seek(0)
+    header_line = f.readline()
+    return len(header_line) + json.loads(header_line)["length"] + 1
 
 
 # -- roaring bitmaps (portable format) ----------------------------------------------------------
@@ -316,6 +334,7 @@ def records(root: str, state: State) -> pa.Table:
         path = os.path.join(root, b["path"])
         with open(path, "rb") as f:
             if b["path"] not in schemas:
+                f.seek(data_start(f, b["path"]))
                 head = f.read(16)
                 (length,) = struct.unpack_from("<i", head, 12)
                 schemas[b["path"]] = pa.ipc.read_schema(pa.py_buffer(head[8:] + f.read(length)))

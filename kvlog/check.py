@@ -6,10 +6,10 @@ from typing import Any
 
 from kvlog.errors import CorruptDataError, StorageBehindError, StorageError
 from kvlog.format.checksum import crc32c
-from kvlog.format.commit import decode_commit
+from kvlog.format.commit import attached_bytes, decode_commit
 from kvlog.index import IndexReader
 from kvlog.log import Log
-from kvlog.log.naming import commit_name
+from kvlog.log.naming import LOG_PREFIX, commit_name
 from kvlog.log.opening import storage_behind
 from kvlog.log.reader import records_of_batch
 from kvlog.meta import CleanerState, LiveBatch, LiveFile
@@ -59,11 +59,18 @@ def check_store(log: Log, *, deep: bool = False) -> list[str]:
         except StorageError as e:
             findings.append(f"live file {entry.path} could not be read: {e}")
             continue
-        if len(data) != entry.size:
-            findings.append(f"live file {entry.path} has {len(data)} bytes, expected {entry.size}")
-        elif crc32c(data) != entry.crc:
+        whole: bytes | memoryview = data
+        if entry.path.startswith(LOG_PREFIX):
+            try:
+                whole = attached_bytes(entry.path, data)  # an inline file: the commit's attached bytes
+            except CorruptDataError as e:
+                findings.append(f"live inline file in commit {e}")
+                continue
+        if len(whole) != entry.size:
+            findings.append(f"live file {entry.path} has {len(whole)} bytes, expected {entry.size}")
+        elif crc32c(whole) != entry.crc:
             findings.append(f"live file {entry.path} fails its checksum (damaged in storage)")
-        del data
+        del data, whole
         if not entry.batches:
             findings.append(f"live file {file_id} has no live batch")
     for p, batches in per_partition.items():

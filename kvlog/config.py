@@ -70,6 +70,10 @@ class StoreConfig:
     """A flush starts when this many bytes are buffered."""
     max_unflushed_bytes: int = 32 * MiB
     """Writers block (backpressure) while this many bytes wait for a flush."""
+    commit_inline_bytes: int = 64 * 1024
+    """A flush whose data file is at most this many bytes is written inside its commit: one
+    object, one file fsync and one directory fsync on a local root, one PUT on an object
+    store. 0: every flush writes a data file of its own."""
     cache_bytes: int = 32 * MiB
     """Bound of the in-memory read cache of decoded batches."""
     inline_value_bytes: int = 1024

@@ -44,8 +44,8 @@ from kvlog.format.bitmap import bitmap_of, decode_offsets, offsets_of
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import BatchEntry, FileEntry, file_to_json
 from kvlog.format.datafile import decode_batch
+from kvlog.log import LiveBatch
 from kvlog.log.naming import DATA_PREFIX, data_file_name
-from kvlog.meta import LiveBatch
 from kvlog.storage import open_storage
 from kvlog.storage.base import BytesLike
 

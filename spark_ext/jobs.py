@@ -18,12 +18,9 @@ from typing import Any
 from kvlog.compaction import CompactionReport, Compactor, Plan, check_compact_args
 from kvlog.config import StoreConfig
 from kvlog.errors import KvlogError
-from kvlog.format.commit import Commit, FileEntry, file_from_json
+from kvlog.format.commit import FileEntry, file_from_json
 from kvlog.format.datafile import EXPIRES_VERSION
-from kvlog.index import clear_index, index_put_many
-from kvlog.index.write import index_put
-from kvlog.log import open_log
-from kvlog.meta import LiveBatch, MetaTxn, NamedPins
+from kvlog.log import BulkIndexLoad, IndexRow, LiveBatch, commit_files, open_log, unchanged_since
 from spark_ext.compaction import (
     NARROW_SCHEMA,
     REWRITE_SCHEMA,
@@ -135,10 +132,8 @@ def _compact(spark: Any, the_log: Any, uri: str, storage_options: dict[str, Any]
         outputs = [file_from_json("spark output", f) for r in results for f in r["files"]]
         cleaner = {str(p): {"checkpoint": spec.first_uncleanable, "last_round_ms": now, "partial": False}
                    for p, spec in rounds.items()}
-        commit_id = uuid.uuid4().hex
-        outcome = the_log.commit(lambda v: Commit(v, commit_id, the_log.clock.now_ms(), "replace",
-                                                  add=tuple(outputs), remove=plan.input_files,
-                                                  info={"cleaner": cleaner, "job": "spark"}))
+        outcome = commit_files(the_log, "replace", outputs, remove=plan.input_files,
+                               info={"cleaner": cleaner, "job": "spark"})
     finally:
         broadcast.destroy()
         # The job's files its commit does not make live (all of them when the commit is refused
@@ -183,23 +178,13 @@ def materialize(spark: Any, uri: str, output_path: str, *, storage_options: dict
     return {"path": output_path, "rows": written.count(), "columns": written.columns}
 
 
-def _unchanged_since(the_log: Any, version: int) -> bool:
-    """Whether the store holds what it held at ``version``: no commit since, or only the lease
-    the read took (``kvlog.log.leases``: a pin landing at ``version + 1`` names ``version``)."""
-    now = the_log.version
-    if now == version:
-        return True
-    return bool(now == version + 1 and the_log.snapshot(
-        lambda r: any(pin.is_lease and pin.version == version for pin in NamedPins(r).every())))
-
-
 def rebuild_index(spark: Any, uri: str, cache_dir: str | os.PathLike[str], *,
                   storage_options: dict[str, Any] | None = None, **settings: Any) -> dict[str, Any]:
     """Build the store's key index on Spark and bulk-load it, sorted, into the cache at ``cache_dir``.
 
-    The metadata is replayed without the index (cheap: no data is read), Spark computes
-    every live key's latest (partition, offset, value), and the driver streams the sorted
-    rows into a fresh LMDB index. ``kvlog.open(uri, cache_dir=cache_dir)`` then uses it
+    The metadata is replayed without the index (the commits are read, no data file), Spark
+    computes every live key's latest (partition, offset, value), and the driver streams the
+    sorted rows into a fresh LMDB index. ``kvlog.open(uri, cache_dir=cache_dir)`` then uses it
     without a replay of the data.
     """
     from pyspark.sql import functions as F
@@ -208,41 +193,30 @@ def rebuild_index(spark: Any, uri: str, cache_dir: str | os.PathLike[str], *,
     the_log = open_log(uri, create=False, read_only=True, storage_options=storage_options,
                        cache_dir=cache_dir, config=config, maintain_index=False)
     try:
-        the_log.env.write(lambda txn: clear_index(MetaTxn(the_log.env, txn)))
+        index = BulkIndexLoad(the_log)
+        index.clear()
         version = the_log.version
         # Every key's latest record, expired or not (a time before every expiry): as a replay, the
         # index keeps an expiring entry with its expiry and hides it at read time.
         latest = _reader(spark, uri, storage_options, view="latest", cache_dir=os.fspath(cache_dir),
                          now_ms=str(-(2**63) + 1))
         rows = latest.select("key", "partition", "offset", "value", "expires_ms").orderBy(F.col("key"))
-        inline = the_log.config.inline_value_bytes
         loaded = 0
-        pending: list[tuple[bytes, int, int, bytes, int | None]] = []
-
-        def load(items: list[tuple[bytes, int, int, bytes, int | None]]) -> None:
-            def work(txn: Any) -> None:
-                meta = MetaTxn(the_log.env, txn)
-                index_put_many(meta, [(k, p, o, v) for k, p, o, v, e in items if e is None], inline)
-                for k, p, o, v, e in items:
-                    if e is not None:  # an expiring entry carries its expiry
-                        index_put(meta, k, p, o, v if len(v) <= inline else None, e)
-
-            the_log.env.write(work)
-
+        pending: list[IndexRow] = []
         for row in rows.toLocalIterator():
             expires_ms = row["expires_ms"]
             pending.append((bytes(row["key"]), int(row["partition"]), int(row["offset"]), bytes(row["value"]),
                             None if expires_ms is None else int(expires_ms)))
             if len(pending) >= 50_000:
-                load(pending)
+                index.load(pending)
                 loaded += len(pending)
                 pending = []
         if pending:
-            load(pending)
+            index.load(pending)
             loaded += len(pending)
-        if not _unchanged_since(the_log, version):
+        if not unchanged_since(the_log, version):
             raise KvlogError("the store changed during the rebuild; run it again")
-        the_log.env.write(lambda txn: MetaTxn(the_log.env, txn).put_meta("index_ready", b"1"))
+        index.finish()
         return {"cache_dir": os.fspath(cache_dir), "keys": loaded, "version": version}
     finally:
         the_log.close()

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from kvlog.compaction.offset_map import fingerprints
 from kvlog.format.bitmap import decode_offsets, offsets_of
 from kvlog.format.datafile import decode_batch
-from kvlog.meta import LiveBatch
+from kvlog.log import LiveBatch
 from spark_ext.schemas import LATEST_ARROW, expires_column
 
 __all__ = ["LATEST_SPLIT_BYTES", "MAX_SHARES", "LatestShare", "latest_shares", "read_latest"]

@@ -35,11 +35,11 @@ import kvlog
 from kvlog.clock import SystemClock
 from kvlog.errors import CommitConflictError, InvalidRecordError, KvlogError
 from kvlog.format.checksum import crc32c
-from kvlog.format.commit import BatchEntry, Commit, FileEntry
+from kvlog.format.commit import BatchEntry, FileEntry
 from kvlog.format.datafile import DataFileWriter, decode_batch, make_record_batch
+from kvlog.log import CommitOutcome
 from kvlog.log.naming import data_file_name
 from kvlog.log.records import partition_for_key
-from kvlog.meta.records import CommitOutcome
 from kvlog.storage import Storage
 
 __all__ = ["ATTEMPTS", "OverwriteTarget", "commit_overwrite", "keys_cache_dir"]
@@ -130,7 +130,7 @@ def commit_overwrite(target: OverwriteTarget, files: Sequence[FileEntry]) -> tup
     while it was written), every file stays: garbage collection takes them if it did
     not land.
     """
-    from kvlog.log import open_log
+    from kvlog.log import commit_files, open_log
 
     the_log = open_log(target.uri, create=False, storage_options=target.storage_options,
                        cache_dir=target.metadata_cache, maintain_index=False)
@@ -157,15 +157,13 @@ def commit_overwrite(target: OverwriteTarget, files: Sequence[FileEntry]) -> tup
                     tombstones = _tombstone_file(target, storage, absent, attempt)
                 added = (*files, *([tombstones] if tombstones is not None else []))
 
-                def build(v: int, version: int = version, added: tuple[FileEntry, ...] = added,
-                          count: int = len(absent), attempt: int = attempt) -> Commit:
+                def check(v: int, version: int = version) -> None:
                     if v != version + 1:
                         raise _Moved(v)
-                    return Commit(v, commit_id, the_log.clock.now_ms(), "append", add=added,
-                                  info={"spark_overwrite": {"tombstones": count, "attempt": attempt}})
 
                 try:
-                    outcome = the_log.commit(build)
+                    outcome = commit_files(the_log, "append", added, check=check, commit_id=commit_id,
+                                           info={"spark_overwrite": {"tombstones": len(absent), "attempt": attempt}})
                 except _Moved:
                     landed = the_log.outcome(commit_id)  # ours landed, its answer was lost
                     if landed is None:

@@ -34,8 +34,8 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
+from kvlog.log import LiveBatch
 from kvlog.log.records import partition_for_key
-from kvlog.meta import LiveBatch
 
 __all__ = ["Pruning", "Ranges"]
 

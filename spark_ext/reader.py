@@ -32,8 +32,7 @@ from kvlog.clock import SystemClock
 from kvlog.errors import CorruptDataError
 from kvlog.format.bitmap import decode_offsets
 from kvlog.format.datafile import decode_batch
-from kvlog.log import leases, open_log
-from kvlog.meta import LiveBatch
+from kvlog.log import LiveBatch, leases, open_log
 from kvlog.storage import Storage, open_storage
 from spark_ext.latest import LATEST_SPLIT_BYTES, LatestShare, latest_shares, read_latest
 from spark_ext.options import driver_cache_dir, storage_options_from, store_uri

@@ -36,8 +36,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTri
 
 from kvlog.errors import ConfigError
 from kvlog.format.bitmap import decode_offsets
-from kvlog.log import Log, open_log
-from kvlog.meta import LiveBatch
+from kvlog.log import LiveBatch, Log, open_log
 from kvlog.storage import open_storage
 from spark_ext.options import driver_cache_dir
 from spark_ext.read_options import EARLIEST, LATEST

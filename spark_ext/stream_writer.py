@@ -32,7 +32,6 @@ checkpoint directory is another producer, which the store cannot tell from a new
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import replace
 from typing import Any
 
@@ -40,8 +39,8 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from pyspark.sql.types import StructType
 
 from kvlog.errors import KvlogError
-from kvlog.format.commit import Commit, FileEntry, file_from_json
-from kvlog.log import Log, open_log
+from kvlog.format.commit import FileEntry, file_from_json
+from kvlog.log import Log, commit_files, open_log
 from kvlog.storage import open_storage
 from spark_ext.options import driver_cache_dir
 from spark_ext.stream_options import StreamWriteOptions
@@ -88,17 +87,14 @@ class KvlogStreamWriter(KvlogWriter, DataSourceStreamArrowWriter):
         epoch = batchId + 1
         the_log = self._open(read_only=False)
         try:
-            commit_id = uuid.uuid4().hex
-
-            def build(version: int) -> Commit:
+            def check(_version: int) -> None:
                 # At the version this commit will take: has this micro-batch landed already?
                 state = the_log.snapshot(lambda r: r.get_producer(self.producer_id))
                 if state is not None and state.epoch >= epoch:
                     raise _Landed(f"micro-batch {batchId}: the producer is at epoch {state.epoch}")
-                return Commit(version, commit_id, the_log.clock.now_ms(), "append", add=tuple(files))
 
             try:
-                outcome = the_log.commit(build)
+                outcome = commit_files(the_log, "append", files, check=check)
             except _Landed:
                 self._delete_unless_live(the_log, files)
                 return

@@ -25,9 +25,9 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructType
 
 from kvlog.clock import SystemClock
 from kvlog.errors import InvalidRecordError, KvlogError
-from kvlog.format.commit import BatchEntry, Commit, file_from_json, file_to_json
+from kvlog.format.commit import BatchEntry, file_from_json, file_to_json
 from kvlog.format.datafile import DataFileWriter, make_record_batch
-from kvlog.log import open_log
+from kvlog.log import commit_files, open_log
 from kvlog.log.naming import data_file_name
 from kvlog.log.records import partition_for_key
 from kvlog.storage import open_storage
@@ -155,9 +155,7 @@ class KvlogWriter(DataSourceArrowWriter):
         the_log = open_log(self.uri, create=False, storage_options=self.storage_options,
                            cache_dir=driver_cache_dir(self.uri, self.cache_dir), maintain_index=False)
         try:
-            commit_id = uuid.uuid4().hex
-            outcome = the_log.commit(lambda v: Commit(v, commit_id, the_log.clock.now_ms(), "append",
-                                                      add=tuple(files)))
+            outcome = commit_files(the_log, "append", files)
         finally:
             the_log.close()
         if outcome.refusal is not None:

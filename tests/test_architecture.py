@@ -120,6 +120,28 @@ def test_the_rules_catch_what_they_forbid(tmp_path: Path) -> None:
     ]
 
 
+#: What the Spark extension may not import: it makes files live and loads the key index
+#: through the door of :mod:`kvlog.log` (``kvlog.log.outside``), never the cache's own modules.
+SPARK_FORBIDDEN = ("kvlog.meta", "kvlog.index")
+
+
+def _spark_violations(path: Path) -> list[str]:
+    return [f"line {line}: imports {module}" for module, line in _imports(path)
+            if any(module == f or module.startswith(f + ".") for f in SPARK_FORBIDDEN)]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "spark_ext").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_spark_extension_goes_through_the_door_of_the_log(path: Path) -> None:
+    wrong = _spark_violations(path)
+    assert not wrong, f"{path.relative_to(ROOT)}:\n" + "\n".join(wrong)
+
+
+def test_the_spark_rule_catches_what_it_forbids(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("from kvlog.meta import MetaTxn\nimport kvlog.index.write\nfrom kvlog.log import LiveBatch\n")
+    assert _spark_violations(probe) == ["line 1: imports kvlog.meta", "line 2: imports kvlog.index.write"]
+
+
 @pytest.mark.parametrize("path", SOURCES + sorted(PACKAGE.rglob("*.[ch]")), ids=lambda p: str(p.relative_to(ROOT)))
 def test_modules_are_short(path: Path) -> None:
     lines = len(path.read_text().splitlines())

@@ -41,7 +41,7 @@ OPS = 1_000
 
 EXPECTED = {
     "peers.load", "peers.gets", "peers.scan", "peers.short_scans", "peers.short_scans_pending",
-    *(f"peers.ycsb_{w}" for w in "abcdef"), "peers.durable_threads", "peers.reopen_clean",
+    *(f"peers.ycsb_{w}" for w in "abcdef"), "peers.durable_threads", "peers.durable_single", "peers.reopen_clean",
     "peers.disk", "peers.rss",
 }
 
@@ -144,6 +144,9 @@ def test_the_results_file(results: tuple[dict[str, Any], Path]) -> None:
         assert {a["key"] for a in entries[f"peers.ycsb_{w}"]["anchors"]} == {"lmdb", "rocksdict"}
         assert "Durability:" in entries[f"peers.ycsb_{w}"]["method"]
     assert entries["peers.durable_threads"]["records_per_flush"] >= 1
+    assert {a["key"] for a in entries["peers.durable_threads"]["anchors"]} == {"lmdb", "rocksdict", "fsync_floor"}
+    assert {a["key"] for a in entries["peers.durable_single"]["anchors"]} == {"fsync_floor"}
+    assert not entries["peers.durable_single"]["higher_is_better"]
     assert entries["peers.short_scans_pending"]["index_runs_pending"] in (None, TINY.pending_commits)
     assert entries["peers.disk"]["subject"]["detail"]["disk_bytes"] > 0
     names = {Path(p).name for p in document["plots"]}

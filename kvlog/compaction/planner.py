@@ -3,8 +3,9 @@
 Two kinds of work, as in WarpStream:
 
 merge
-    when ``l0_merge_files`` L0 files wait, copy them into fewer L1 files,
-    combining each partition's small batches; nothing is removed.
+    when ``l0_merge_files`` L0 files wait, or an inline L0 file (carried inside its commit)
+    is ``checkpoint_interval`` commits old, copy them into fewer L1 files, combining each
+    partition's small batches; nothing is removed.
 clean
     Kafka's cleaning round for every eligible partition. A partition is
     eligible when its dirty ratio (dirty bytes / (clean + dirty bytes),
@@ -56,6 +57,9 @@ class FileInfo:
     size: int
     order: tuple[int, int]
     """Commit order: (version that first made its data live, position among a replace's outputs)."""
+    inline_due: bool = False
+    """An inline file (inside its commit) old enough to move into a data file: its run of L0
+    files is merged however short it is, so commit GC can collect the commit."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,6 @@ def plan_compaction(
         elif runs[-1]:
             runs.append([])
     for level0 in runs:
-        if len(level0) >= config.l0_merge_files:
+        if len(level0) >= config.l0_merge_files or any(f.inline_due for f in level0):
             return Plan("merge", tuple(f.file_id for f in level0), 1)
     return None

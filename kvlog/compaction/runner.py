@@ -31,7 +31,7 @@ from kvlog.errors import InvalidRecordError, KvlogError
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import BatchEntry, Commit, FileEntry
 from kvlog.log import Log
-from kvlog.log.naming import data_file_name
+from kvlog.log.naming import LOG_PREFIX, data_file_name
 from kvlog.memory import release_unused_memory
 from kvlog.meta import CleanerState, LiveBatch, MetaReader
 from kvlog.progress import progress
@@ -120,7 +120,12 @@ class Compactor:
     # -- planning -----------------------------------------------------------------------------------
     def _snapshot(self, r: MetaReader) -> tuple[list[FileInfo], dict[int, list[LiveBatch]], dict[int, int],
                                                 dict[int, int]]:
-        files = [FileInfo(file_id, entry.level, entry.size, entry.order) for file_id, entry in r.iter_files()]
+        # An inline file whose commit is a checkpoint interval old is due to move into a data
+        # file: commit GC keeps its commit, and every commit after it, while it is live.
+        due = r.version() - self._config.checkpoint_interval
+        files = [FileInfo(file_id, entry.level, entry.size, entry.order,
+                          entry.path.startswith(LOG_PREFIX) and entry.order[0] <= due)
+                 for file_id, entry in r.iter_files()]
         batches = {p: list(r.iter_batches(p, 0)) for p in range(self._log.partitions)}
         checkpoints = {p: _checkpoint_of(r.get_cleaner(p)) for p in range(self._log.partitions)}
         ends = {p: r.partition_end(p) for p in range(self._log.partitions)}

@@ -24,7 +24,13 @@ from kvlog.format.datafile import (
     read_data_file,
 )
 from kvlog.format.envelope import FORMAT_VERSION, decode_document, encode_document
-from kvlog.format.identity import IDENTITY_NAME, Identity, decode_identity, encode_identity
+from kvlog.format.identity import (
+    IDENTITY_NAME,
+    STORE_FORMAT,
+    Identity,
+    decode_identity,
+    encode_identity,
+)
 from kvlog.format.producer_state import (
     BatchMeta,
     PartitionProducerState,
@@ -34,7 +40,7 @@ from kvlog.format.producer_state import (
 )
 
 __all__ = [
-    "COMMIT_KINDS", "FORMAT_VERSION", "IDENTITY_NAME", "SCHEMA",
+    "COMMIT_KINDS", "FORMAT_VERSION", "IDENTITY_NAME", "SCHEMA", "STORE_FORMAT",
     "BatchEntry", "BatchLocation", "BatchMeta", "Commit", "DataFileWriter", "FileEntry", "Identity",
     "PartitionProducerState", "ProducerState",
     "crc32c", "decode_batch", "decode_commit", "decode_document", "decode_identity",

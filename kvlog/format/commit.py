@@ -29,6 +29,13 @@ A commit is one of three kinds:
     version it keeps, and ``paths``, the data files live there). Replay refuses a pin of
     a name that exists, or whose version is not the one just before it.
 
+An ``append`` commit of a small flush may carry its one data file inside itself, attached
+after the body (format 2 of the envelope): the body's ``inline`` object is that file's entry
+without a path, its batch positions counted from the start of the attached bytes. Decoded,
+it is the commit's first added file, whose path is the commit's own name and whose batch
+positions are counted from the start of the commit object, so every reader reads its
+batches by byte range as it reads a data file's.
+
 Every commit may name the id of the commit it follows (``prev``): a reader
 whose cache applied another commit at the version before knows that storage
 is not the history it cached (restored from an older copy) and never mixes
@@ -38,12 +45,13 @@ the two.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvlog.errors import CorruptDataError, InvalidRecordError
+from kvlog.format.checksum import crc32c
 from kvlog.format.datafile import DATAFILE_VERSION, BatchLocation
-from kvlog.format.envelope import decode_document, encode_document
+from kvlog.format.envelope import encode_document, split_document
 
 __all__ = [
     "BatchEntry",
@@ -54,6 +62,7 @@ __all__ = [
     "decode_commit",
     "file_to_json",
     "file_from_json",
+    "attached_bytes",
 ]
 
 COMMIT_KINDS = ("append", "replace", "producer", "gc", "offsets", "pin", "unpin")
@@ -108,6 +117,10 @@ class Commit:
     """Free-form details (compaction checkpoints, horizons); replayed as given."""
     previous_id: str | None = None
     """The id of the commit at ``version - 1`` when this one was written (None: not recorded)."""
+    attached: bytes | memoryview | None = field(default=None, compare=False, repr=False)
+    """To encode: the bytes of a small data file carried inside the commit, whose entry is
+    ``add[0]`` with its batch positions counted from the start of these bytes. A decoded
+    commit leaves this None: its inline file is ``add[0]``, located in the commit object."""
 
 
 def _batch_to_json(b: BatchEntry) -> dict[str, Any]:
@@ -289,6 +302,13 @@ def file_to_json(f: FileEntry) -> dict[str, Any]:
     }
 
 
+def attached_bytes(name: str, data: bytes) -> memoryview:
+    """The bytes a commit object ``data`` carries after its body (empty: none), which are the
+    whole inline file its first added file names; ``CorruptDataError`` for a damaged commit."""
+    _body, start = split_document(name, data, "commit")
+    return memoryview(data)[start:]
+
+
 def _check_file(name: str, obj: Any) -> None:
     """The rules of a file entry's JSON object, its batches' included."""
     if obj.__class__ is not dict or not isinstance(obj.get("id"), str) or not isinstance(obj.get("path"), str):
@@ -318,12 +338,25 @@ def encode_commit(commit: Commit) -> bytes:
     The body is checked by the very rules :func:`decode_commit` applies before it is encoded,
     so no commit is written that replay could not read: a value they refuse (a field out of its
     range, an ``info`` that is not plain JSON) is an :class:`~kvlog.errors.InvalidRecordError`.
+    A commit with :attr:`Commit.attached` bytes is written in format 2, its ``add[0]`` as
+    the body's ``inline`` file.
     """
+    add = commit.add
+    inline: dict[str, Any] | None = None
+    if commit.attached is not None:
+        if commit.kind != "append" or not add or add[0].size != len(commit.attached):
+            raise InvalidRecordError("a commit carries the bytes of its first added file only, "
+                                     "and only an append commit carries them")
+        inline = file_to_json(add[0])
+        del inline["path"]
+        add = add[1:]
     body: dict[str, Any] = {
         "version": commit.version, "id": commit.commit_id, "ts": commit.timestamp_ms,
-        "kind": commit.kind, "add": [file_to_json(f) for f in commit.add],
+        "kind": commit.kind, "add": [file_to_json(f) for f in add],
         "remove": list(commit.remove), "info": commit.info,
     }
+    if inline is not None:
+        body["inline"] = inline
     if commit.producer_id is not None or commit.epoch is not None:
         body.update(pid=commit.producer_id, epoch=commit.epoch)
     if commit.previous_id is not None:
@@ -332,7 +365,7 @@ def encode_commit(commit: Commit) -> bytes:
         _check_commit(_UNWRITTEN, body)
     except CorruptDataError as e:
         raise InvalidRecordError(f"a commit kvlog could not read back is not written: {e.reason}") from None
-    return encode_document("commit", body)
+    return encode_document("commit", body, commit.attached)
 
 
 #: The name refusals of :func:`encode_commit` are checked under.
@@ -340,8 +373,27 @@ _UNWRITTEN = "<commit being written>"
 
 
 def decode_commit(name: str, data: bytes) -> Commit:
-    """The commit in ``data``, verified; raises ``CorruptDataError`` naming ``name``."""
-    return _commit_from_body(name, decode_document(name, data, "commit"))
+    """The commit in ``data``, verified; raises ``CorruptDataError`` naming ``name``.
+
+    A commit carrying an inline file has it as its first added file, at path ``name``, its
+    batches located in ``data`` (the attached bytes are checked against the file's CRC32C)."""
+    body, start = split_document(name, data, "commit")
+    commit = _commit_from_body(name, body)
+    inline = body.get("inline")
+    if inline is None:
+        if start != len(data):
+            raise CorruptDataError(name, "attached bytes without the inline file they hold")
+        return commit
+    size = len(data) - start
+    if inline["size"] != size or crc32c(memoryview(data)[start:]) != inline["crc"]:
+        raise CorruptDataError(name, "the attached inline file fails its size or checksum")
+    batches = []
+    for b in inline["batches"]:
+        if b["pos"] + b["len"] > size:
+            raise CorruptDataError(name, "an inline batch lies outside the attached bytes")
+        batches.append(_batch_entry(dict(b, pos=b["pos"] + start)))
+    entry = FileEntry(inline["id"], name, inline["level"], size, inline["crc"], tuple(batches))
+    return replace(commit, add=(entry, *commit.add))
 
 
 def _check_commit(name: str, body: dict[str, Any]) -> None:
@@ -363,6 +415,11 @@ def _check_commit(name: str, body: dict[str, Any]) -> None:
         _key_string(name, r, "a removed file")
     for f in add:
         _check_file(name, f)
+    inline = body.get("inline")
+    if inline is not None:
+        if kind != "append" or inline.__class__ is not dict or "path" in inline:
+            raise CorruptDataError(name, "malformed inline file")
+        _check_file(name, dict(inline, path=name))
     if info and not _plain_json(info):
         raise CorruptDataError(name, "info is not plain JSON (string keys, finite numbers)")
     if kind == "replace" and "cleaner" in info:

@@ -1,4 +1,6 @@
-"""The identity file ``kvlog.json``: written once, with put-if-absent, when a store is created."""
+"""The identity file ``kvlog.json``: written with put-if-absent when a store is created, and
+rewritten once, with the same store and a newer format version, when a store of an older
+format is first opened for writing (an older kvlog then refuses it instead of misreading it)."""
 
 from __future__ import annotations
 
@@ -6,9 +8,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlog.errors import CorruptDataError, InvalidRecordError
-from kvlog.format.envelope import FORMAT_VERSION, decode_document, encode_document
+from kvlog.format.envelope import decode_document, encode_document
 
-__all__ = ["Identity", "IDENTITY_NAME", "encode_identity", "decode_identity"]
+__all__ = ["Identity", "IDENTITY_NAME", "STORE_FORMAT", "STORE_FORMATS", "encode_identity", "decode_identity"]
+
+#: The store format this kvlog writes: 2, whose commits may carry a small flush's records.
+STORE_FORMAT = 2
+#: The store formats this kvlog opens. A format-1 store is upgraded when it is first opened
+#: for writing: its identity is rewritten with format 2 before any commit of format 2 lands.
+STORE_FORMATS = (1, 2)
 
 IDENTITY_NAME = "kvlog.json"
 
@@ -22,7 +30,7 @@ class Identity:
     created_ms: int
     fingerprint_seed: int
     """Seeds the compactor's key fingerprints, so nobody can precompute colliding keys."""
-    format_version: int = FORMAT_VERSION
+    format_version: int = STORE_FORMAT
 
 
 #: ``(field, low, high)``: the integer fields of an identity and their ranges (partitions are
@@ -40,11 +48,11 @@ def _check_identity(name: str, body: dict[str, Any]) -> None:
         value = body.get(key)
         if type(value) is not int or not low <= value < high:
             raise CorruptDataError(name, f"malformed identity ({key} is not an integer in [{low}, {high}))")
-    if body["format_version"] != FORMAT_VERSION:
+    if body["format_version"] not in STORE_FORMATS:
         raise CorruptDataError(
             name,
             f"unknown format version {body['format_version']} of the store "
-            f"(this kvlog reads version {FORMAT_VERSION}); upgrade kvlog",
+            f"(this kvlog reads versions {STORE_FORMATS[0]} to {STORE_FORMATS[-1]}); upgrade kvlog",
         )
 
 

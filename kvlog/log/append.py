@@ -1,16 +1,18 @@
 """Appending: one data file of a producer's batches, made live by one ``append`` commit.
 
-The data file is written first under a fresh name nobody references; the commit
-then names it. Replay decides each batch by the producer rules: accepted batches
-take their partition's next offsets, a repeat of a remembered batch returns the
-original offsets, and any refused batch refuses the whole commit (a write batch
-is all or nothing).
+A data file of at most ``commit_inline_bytes`` travels inside its commit (one object to
+write, so a small durable flush costs one file and one directory fsync, or one PUT). A
+larger one is written first under a fresh name nobody references; the commit then names
+it. Replay decides each batch by the producer rules: accepted batches take their
+partition's next offsets, a repeat of a remembered batch returns the original offsets,
+and any refused batch refuses the whole commit (a write batch is all or nothing).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pyarrow as pa
@@ -25,7 +27,7 @@ from kvlog.errors import (
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import BatchEntry, Commit, FileEntry
 from kvlog.format.datafile import DataFileWriter, batch_expires, content_digest, make_record_batch
-from kvlog.log.naming import data_file_name
+from kvlog.log.naming import commit_name, data_file_name
 from kvlog.log.producers import check_batch
 from kvlog.log.records import AppendResult, ValidRecords
 from kvlog.log.replay import FileCollected
@@ -71,9 +73,11 @@ def raise_refusal(refusal: Refusal) -> NoReturn:
     raise _ERRORS.get(refusal.kind, ProducerError)(refusal.message)
 
 
-def write_data_file(the_log: Log, level: int, batches: Sequence[_FileBatch]) -> tuple[FileEntry, memoryview]:
+def write_data_file(the_log: Log, level: int, batches: Sequence[_FileBatch], *,
+                    inline_limit: int = 0) -> tuple[FileEntry, memoryview, bool]:
     """Write one data file of ``(partition, records, batch fields)`` (sorted by partition);
-    returns its entry and its bytes (a read-only view)."""
+    returns its entry, its bytes (a read-only view) and whether it was kept to travel inside
+    its commit instead (at most ``inline_limit`` bytes: nothing written, no path yet)."""
     the_log.check_open()
     if the_log.read_only:
         raise ReadOnlyError("the store is open read-only")
@@ -84,14 +88,16 @@ def write_data_file(the_log: Log, level: int, batches: Sequence[_FileBatch]) -> 
         writer.add(batches[i][1])
     data, locations = writer.finish_view()  # the writer's own buffer, not a copy
     file_id = the_log.new_id()
-    path = data_file_name(level, file_id)
+    inline = len(data) <= inline_limit
+    path = "" if inline else data_file_name(level, file_id)
     entries = []
     for i, loc in zip(order, locations, strict=True):
         partition, _records, fields = batches[i]
         entries.append(BatchEntry(partition=partition, location=loc, **fields))
     entry = FileEntry(file_id, path, level, len(data), crc32c(data), tuple(entries))
-    the_log.storage.put(path, data)
-    return entry, data
+    if not inline:
+        the_log.storage.put(path, data)
+    return entry, data, inline
 
 
 def _known_duplicates(
@@ -181,8 +187,9 @@ def append_batches(
 def _append_file(
     the_log: Log, fields: list[_FileBatch], batches: Sequence[PendingBatch], position: dict[int, int],
 ) -> CommitOutcome:
-    """Write one data file of ``fields`` and commit it; the commit's outcome."""
-    entry, data = write_data_file(the_log, 0, fields)
+    """Write one data file of ``fields`` (or keep it to travel inside the commit) and commit
+    it; the commit's outcome."""
+    entry, data, inline = write_data_file(the_log, 0, fields, inline_limit=the_log.config.commit_inline_bytes)
     clock, delay_ms = the_log.clock, the_log.config.file_delete_delay_ms
     written_ms = clock.now_ms()
     commit_id = the_log.new_id()
@@ -191,6 +198,10 @@ def _append_file(
     def build(version: int) -> Commit:
         nonlocal written_ms
         now = clock.now_ms()
+        if inline:
+            # The file is the commit's attached bytes, at the commit's own name.
+            return Commit(version, commit_id, now, "append", add=(replace(entry, path=commit_name(version)),),
+                          attached=data)
         if now - written_ms > delay_ms // 2:
             # Long retries: refresh the file so orphan GC is unlikely to condemn it meanwhile
             # (if it does, the commit is refused and the caller writes a new file).

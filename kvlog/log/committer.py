@@ -121,7 +121,7 @@ class Committer:
                 if commit.version != version + 1:
                     raise CorruptDataError(name, f"holds version {commit.version}")
                 try:
-                    self._apply(commit, crc32c(data), self._log.snapshot(lambda r: r.applied_commit()))
+                    self._apply(commit, crc32c(data), self._log.snapshot(lambda r: r.applied_commit()), data)
                 except FellBehind:
                     version = the_log.version  # caught up: go on from there
                     continue
@@ -145,18 +145,23 @@ class Committer:
         self.catch_up()
         return FellBehind(name, _BEHIND_WINDOW.format(done=done))
 
-    def _apply(self, commit: Commit, crc: int, applied: tuple[int, str, int] | None) -> CommitOutcome | None:
-        """Apply ``commit`` (``crc``: the CRC32C of its bytes) if the cache is at the version
-        before it; return the outcome it decided (None: the cache was elsewhere). ``applied`` is
-        the cache's head (:meth:`MetaReader.applied_commit`), read under :attr:`apply_lock`."""
+    def _apply(self, commit: Commit, crc: int, applied: tuple[int, str, int] | None,
+               held: bytes | None = None) -> CommitOutcome | None:
+        """Apply ``commit`` (``crc``: the CRC32C of its bytes, ``held``: those bytes, where the
+        batches of an inline file are read from) if the cache is at the version before it;
+        return the outcome it decided (None: the cache was elsewhere). ``applied`` is the
+        cache's head (:meth:`MetaReader.applied_commit`), read under :attr:`apply_lock`."""
         the_log = self._log
         own = self._own.get(commit.commit_id, {})
+        name = commit_name(commit.version)
 
         def source(file: FileEntry, index: int) -> pa.RecordBatch:
             cached = own.get((file.file_id, index))
             if cached is not None:
                 return cached
             loc = file.batches[index].location
+            if held is not None and file.path == name:
+                return decode_batch(name, memoryview(held)[loc.position:loc.position + loc.length], loc)
             try:
                 data = the_log.storage.read_range(file.path, loc.position, loc.length)
             except FileNotFoundError:
@@ -319,7 +324,7 @@ class Committer:
                         # commit GC had freed is taken back before this cache ever applies it.
                         self._check_follows(commit, version - 1, head)
                         checked = True
-                        decided = self._apply_created(decode_commit(name, data), crc32c(data))
+                        decided = self._apply_created(decode_commit(name, data), crc32c(data), data)
                 finally:
                     self._own.pop(commit.commit_id, None)
                 done = decided if decided is not None else self.outcome(commit.commit_id)
@@ -352,9 +357,9 @@ class Committer:
             return None
         return own[1]
 
-    def _apply_created(self, commit: Commit, crc: int) -> CommitOutcome | None:
-        """Apply ``commit``, which this writer just created (``crc``: the CRC32C of its bytes),
-        and return the outcome applying it here decided (None: the cache was elsewhere).
+    def _apply_created(self, commit: Commit, crc: int, data: bytes) -> CommitOutcome | None:
+        """Apply ``commit``, which this writer just created (``crc``: the CRC32C of ``data``, its
+        bytes), and return the outcome applying it here decided (None: the cache was elsewhere).
 
         A put-if-absent that succeeded proves storage holds exactly these bytes at that
         version: the commit is decoded from them and applied, not read back. If the cache moved on
@@ -363,7 +368,7 @@ class Committer:
         the_log = self._log
         with self.apply_lock:
             version, applied = the_log.snapshot(lambda r: (r.version(), r.applied_commit()))
-            decided = self._apply(commit, crc, applied) if version == commit.version - 1 else None
+            decided = self._apply(commit, crc, applied, data) if version == commit.version - 1 else None
             if (decided is None and the_log.version < commit.version) or self.index_stale:
                 the_log.refresh()
             return decided

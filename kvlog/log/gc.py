@@ -1,6 +1,7 @@
 """Garbage collection: replaced files past their delay, orphan data files, old commits.
 
-A replaced input goes once ``file_delete_delay_ms`` has passed since its replace commit.
+A replaced input goes once ``file_delete_delay_ms`` has passed since its replace commit
+(an inline file, with its commit, by the rules of commits).
 An orphan (a file no commit made live) is a candidate once it is older than the delay
 both by the clock and relative to the newest commit's storage time; candidates are first
 condemned by a ``gc`` commit and only then deleted. A commit that adds a condemned file
@@ -8,7 +9,8 @@ is refused when applied, so whichever lands first wins: the file becomes live an
 keeps it, or GC takes it and its writer learns that its commit was refused (and writes
 the file again, or discards the job). No commit ever makes live a file GC deleted,
 however long its writer was stalled. Commits older than the newest checkpoint by more
-than ``commit_retention_ms`` (storage time) go too. Named checkpoints
+than ``commit_retention_ms`` (storage time) go too, unless they carry an inline file still
+in use. Named checkpoints
 (:mod:`kvlog.log.pins_named`) keep the files live at their version and that version's
 metadata checkpoint and commit; read leases (:mod:`kvlog.log.leases`) keep the files live at
 their version until they are released or expire by the clock of the process running GC.
@@ -49,16 +51,20 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
     # Read after the pending paths: a pin this cache has not applied names only files live
     # at a later version, never one pending here. A read lease expired by this clock keeps none.
     pinned = the_log.snapshot(lambda r: pinned_paths(r, now))
+    waiting = set(pending)  # replaced files still pending once the due ones are gone
     for path, due in pending.items():
         # A read view of this process may still read a file replaced after its commit.
         if due <= now and path not in pinned and not the_log.pins.protects(path):  # see kvlog.log.pins
-            storage.delete(path)
+            if path.startswith(LOG_PREFIX):
+                waiting.discard(path)  # an inline file goes with its commit, by the rules below
+            else:
+                storage.delete(path)
+                deleted["replaced"] += 1
 
             def forget(txn: Any, path: str = path) -> None:
                 MetaTxn(the_log.env, txn).delete_pending(path)
 
             the_log.env.write(forget)
-            deleted["replaced"] += 1
     # Orphans are judged by storage time, never by this process's clock alone: a file is a
     # candidate only when it is older than the delay both by our clock and relative to the
     # newest commit (the condemnation commit below is what makes deleting it safe).
@@ -97,6 +103,9 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
         # freed version that no reader starting from the checkpoint ever crosses.
         commits_contiguous = True
         named = sorted(((parsed, info) for parsed, info in entries if parsed is not None), key=lambda e: e[0])
+        # A commit that carries an inline file stays while the file is live, replaced but not
+        # yet due, or read by a view (the compactor moves inline files into data files).
+        in_use = live_paths | waiting | pinned
         for (at, kind), info in named:
             # The commit right below the newest checkpoint stays with the checkpoint's own: a
             # writer that landed the checkpoint's commit, or a cache at the version below it,
@@ -104,6 +113,8 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
             due = at < (newest - 1 if kind == "commit" else newest) and info.mtime_ms < horizon \
                 and info.name not in kept
             if kind == "commit":
+                # Only commits this cache applied: it knows which of those carry a live file.
+                due = due and at <= version and info.name not in in_use and not the_log.pins.protects(info.name)
                 commits_contiguous = commits_contiguous and due
                 due = commits_contiguous
             if due:

@@ -379,7 +379,8 @@ class Log:
     ) -> tuple[FileEntry, memoryview]:
         """Write one data file of ``(partition, records, batch fields)`` (sorted by partition);
         returns its entry and its bytes (a read-only view)."""
-        return append.write_data_file(self, level, batches)
+        entry, data, _inline = append.write_data_file(self, level, batches)
+        return entry, data
 
     def append_batches(
         self, producer_id: int, epoch: int, batches: Sequence[PendingBatch]

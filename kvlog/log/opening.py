@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from hashlib import sha256
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,13 @@ from kvlog.errors import (
 )
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import Commit, decode_commit
-from kvlog.format.identity import IDENTITY_NAME, Identity, decode_identity, encode_identity
+from kvlog.format.identity import (
+    IDENTITY_NAME,
+    STORE_FORMAT,
+    Identity,
+    decode_identity,
+    encode_identity,
+)
 from kvlog.index import check_cache_file
 from kvlog.log.checkpoints import load_checkpoint, newest_checkpoint
 from kvlog.log.lineage import followed_by, left_behind, link_broken
@@ -113,6 +120,8 @@ def open_log(
         storage, owns = open_storage(uri, storage_options), True
     try:
         identity = _identity(storage, create is not False and not read_only, partitions, config, clock, ids)
+        if not read_only and identity.format_version < STORE_FORMAT:
+            identity = _upgrade(storage, identity)
         cfg = config or StoreConfig()
         if cfg.partitions != identity.partitions:
             cfg = StoreConfig.from_settings(cfg, partitions=identity.partitions)
@@ -244,6 +253,15 @@ def _identity(
             f"partitions={partitions} but the store at {storage.uri} has {identity.partitions} partitions"
         )
     return identity
+
+
+def _upgrade(storage: Storage, identity: Identity) -> Identity:
+    """Rewrite the identity of a store of an older format with :data:`STORE_FORMAT`, before
+    this writer lands a commit an older kvlog could not read (it refuses the store instead)."""
+    upgraded = replace(identity, format_version=STORE_FORMAT)
+    storage.put(IDENTITY_NAME, encode_identity(upgraded))
+    log.info("store %s upgraded to format %d", storage.uri, STORE_FORMAT)
+    return upgraded
 
 
 def _catch_up(the_log: Log, on_storage_behind: str) -> None:

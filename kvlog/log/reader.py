@@ -31,7 +31,8 @@ class DataFileMissing(CorruptDataError):
     newest version it is a real loss."""
 
     def __init__(self, path: str) -> None:
-        super().__init__(path, "data file is missing")
+        super().__init__(path, "the commit carrying this inline data file is missing" if path.startswith("log/")
+                         else "data file is missing")
         #: The missing data file.
         self.path = path
 

@@ -36,6 +36,8 @@ MANUAL: dict[str, Any] = {
     "max_unflushed_bytes": 1 << 30,
     "background_compaction": False,
     "partitions": 2,
+    # Data files of their own: the tests fail and crash reads, writes and deletes of the job's data files.
+    "commit_inline_bytes": 0,
 }
 DELAY = 60_000  # file_delete_delay_ms
 Rec = tuple[int, int, bytes, bytes | None]

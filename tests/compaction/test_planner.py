@@ -189,6 +189,17 @@ def test_l0_merge_waits_for_l0_merge_files() -> None:
     assert found.input_files == ("f1", "f2", "f3", "f4")  # L0 only, in commit order
 
 
+def test_a_run_holding_an_inline_file_due_to_move_is_merged_however_short() -> None:
+    cfg = config(l0_merge_files=4, min_cleanable_dirty_ratio=1.0)
+    files = [l0("a", 1, level=2), l0("f1", 2), l0("f2", 3)]
+    batches = [batch(0, f.file_id, i * 10, i * 10 + 9) for i, f in enumerate(files)]
+    assert plan(batches, cfg, files=files) is None
+    files[2] = dataclasses.replace(files[2], inline_due=True)
+    found = plan(batches, cfg, files=files)
+    assert found is not None and found.kind == "merge"
+    assert found.input_files == ("f1", "f2")  # the whole L0 run it belongs to, in commit order
+
+
 def test_cleaning_comes_before_merging() -> None:
     cfg = config(l0_merge_files=2)
     files = [l0("f1", 1), l0("f2", 2)]

@@ -435,7 +435,9 @@ def test_a_cache_that_fell_behind_gc_still_catches_up(
     tmp_path: Path, make_store: Any, clock: ManualClock, h: Any,
 ) -> None:
     path = tmp_path / "s"
-    writer = make_store(path, partitions=2, inline_value_bytes=0, file_delete_delay_ms=1_000)
+    # Data files of their own: the cache behind replays an append whose data file GC deleted.
+    writer = make_store(path, partitions=2, inline_value_bytes=0, file_delete_delay_ms=1_000,
+                        commit_inline_bytes=0)
     for i in range(30):
         writer.put(f"k{i % 9}", f"a{i}")
     writer.flush()

@@ -184,7 +184,7 @@ def test_every_commit_the_encoder_accepts_decodes_to_an_equal_commit(commit: Com
 @pytest.mark.parametrize("change", [
     {"store_uuid": ""}, {"store_uuid": 5}, {"partitions": 0}, {"partitions": 2**16 + 1}, {"partitions": 1.5},
     {"created_ms": NAN}, {"created_ms": 2**63}, {"fingerprint_seed": -1}, {"fingerprint_seed": 2**64},
-    {"format_version": 2}, {"partitions": True},
+    {"format_version": 3}, {"partitions": True},
 ], ids=repr)
 def test_an_identity_the_decoder_would_refuse_is_not_encoded(change: dict[str, Any]) -> None:
     identity = dataclasses.replace(Identity("u", 4, 1_700_000_000_000, 2**64 - 1), **change)

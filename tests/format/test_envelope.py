@@ -109,7 +109,7 @@ def test_garbage_is_corrupt(data: bytes, kind: str) -> None:
     assert caught.value.name == NAME
 
 
-@pytest.mark.parametrize("fmt", [0, 2, 99, -1, "1", None, 1.5, [1]])
+@pytest.mark.parametrize("fmt", [0, 3, 99, -1, "1", None, 1.5, [1], True])
 def test_unknown_format_version_is_refused(fmt: Any) -> None:
     data = handmade("commit", fmt, b'{"a":1}')
     with pytest.raises(CorruptDataError, match="unknown format version") as caught:
@@ -126,8 +126,8 @@ def test_missing_format_version_is_refused() -> None:
 def test_the_version_is_checked_before_the_body() -> None:
     # A future version may change the body completely (even the checksum):
     # the refusal names the version, not a checksum error.
-    data = handmade("commit", 2, b"\x00 not json at all", crc32c=0)
-    with pytest.raises(CorruptDataError, match="unknown format version 2"):
+    data = handmade("commit", 3, b"\x00 not json at all", crc32c=0)
+    with pytest.raises(CorruptDataError, match="unknown format version 3"):
         decode_document(NAME, data, "commit")
 
 

@@ -13,6 +13,7 @@ from kvlog.errors import CorruptDataError
 from kvlog.format import (
     FORMAT_VERSION,
     IDENTITY_NAME,
+    STORE_FORMAT,
     Identity,
     decode_document,
     decode_identity,
@@ -41,7 +42,7 @@ def with_body(change: Any) -> bytes:
 @settings(max_examples=60, deadline=None)
 @given(identity=identities)
 def test_round_trip(identity: Identity) -> None:
-    assert identity.format_version == FORMAT_VERSION
+    assert identity.format_version == STORE_FORMAT == 2
     data = encode_identity(identity)
     assert decode_identity(data) == identity
     assert encode_identity(decode_identity(data)) == data
@@ -53,8 +54,14 @@ def test_name_and_body() -> None:
     assert json.loads(header_line)["kvlog"] == "identity"
     assert json.loads(payload) == {
         "uuid": SAMPLE.store_uuid, "partitions": 8, "created_ms": 1_700_000_000_000,
-        "fingerprint_seed": 12345, "format_version": FORMAT_VERSION,
+        "fingerprint_seed": 12345, "format_version": STORE_FORMAT,
     }
+    assert json.loads(header_line)["format"] == FORMAT_VERSION == 1  # the envelope's own version
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_both_store_formats_are_read(version: int) -> None:
+    assert decode_identity(with_body(lambda body: body.update(format_version=version))).format_version == version
 
 
 @settings(max_examples=15, deadline=None)
@@ -96,7 +103,7 @@ def test_unknown_envelope_format_version_is_refused(fmt: Any) -> None:
     assert caught.value.name == IDENTITY_NAME
 
 
-@pytest.mark.parametrize("version", [0, 2, 17])
+@pytest.mark.parametrize("version", [0, 3, 17])
 def test_unknown_store_format_version_is_refused(version: int) -> None:
     # The store's format version inside the body is checked too: a store created by
     # a newer kvlog is refused rather than misread, even if its envelope is readable.
@@ -150,4 +157,4 @@ def test_any_json_body_decodes_or_is_corrupt(body: dict[str, Any]) -> None:
         assert e.name == IDENTITY_NAME
     else:
         assert identity.partitions >= 1
-        assert identity.format_version == FORMAT_VERSION
+        assert identity.format_version in (1, 2)

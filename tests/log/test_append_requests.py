@@ -1,5 +1,6 @@
-"""A durable flush in the steady state costs three requests: the data file's PUT, the commit's
-conditional PUT, and one GET of the commit it follows.
+"""A small durable flush in the steady state costs two requests: the conditional PUT of the
+commit that carries its records inline, and one GET of the commit it follows; a flush past
+``commit_inline_bytes`` adds the PUT of its data file.
 
 The writer neither asks storage for the head before writing (the applied version is its
 guess; a conditional PUT that finds the name taken is how it learns another writer won) nor
@@ -93,9 +94,12 @@ class _NotingS3(_Noting, ObjectStoreStorage):
         self.noted = _Requests()
 
 
-def _steady_appends(storage: Storage, noted: _Requests, cache: Path, interval: int, appends: int) -> None:
-    """Warm a store up, then make ``appends`` sync puts and check the requests of each."""
-    with kvlog.open(storage, cache_dir=cache, checkpoint_interval=interval, **QUIET) as store:
+def _steady_appends(storage: Storage, noted: _Requests, cache: Path, interval: int, appends: int,
+                    inline: bool = True) -> None:
+    """Warm a store up, then make ``appends`` sync puts and check the requests of each (each
+    carried inside its commit when ``inline``, else in a data file of its own)."""
+    with kvlog.open(storage, cache_dir=cache, checkpoint_interval=interval, **QUIET,
+                    commit_inline_bytes=65536 if inline else 0) as store:
         for i in range(3):
             store.put(f"warm-{i}".encode(), b"w" * 100, sync=True)
         first = store.log.version + 1
@@ -115,7 +119,7 @@ def _steady_appends(storage: Storage, noted: _Requests, cache: Path, interval: i
         assert all(b - a == interval for a, b in zip(checkpoints, checkpoints[1:], strict=False))
         kinds = Counter(kind for kind, _name in noted.seen)
         data_puts = [name for kind, name in noted.seen if kind == "put"]
-        assert len(data_puts) == appends and all(n.startswith("data/") for n in data_puts)
+        assert len(data_puts) == (0 if inline else appends) and all(n.startswith("data/") for n in data_puts)
         commits = [name for kind, name in noted.seen if kind == "put_if_absent" and not name.endswith("checkpoint.json")]
         assert commits == [commit_name(v) for v in range(first, first + appends)]
         # One GET after each commit, of the commit it follows; one more per checkpoint (its head).
@@ -123,26 +127,39 @@ def _steady_appends(storage: Storage, noted: _Requests, cache: Path, interval: i
         assert sorted(gets) == sorted([commit_name(v - 1) for v in range(first, first + appends)]
                                       + [commit_name(v) for v in checkpoints])
         assert kinds["put_if_absent"] == appends + len(checkpoints)
-        assert sum(kinds.values()) == 3 * appends + 2 * len(checkpoints), noted.seen
+        per_append = 2 if inline else 3
+        assert sum(kinds.values()) == per_append * appends + 2 * len(checkpoints), noted.seen
         assert set(kinds) <= {"get", "put", "put_if_absent"}, kinds
         for i in range(appends):
             assert store.get(f"key-{i:04}".encode()) == b"v" * 100
         assert store.check() == []
 
 
-def test_a_local_append_reads_only_the_commit_it_follows(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_local_append_reads_only_the_commit_it_follows(tmp_path: Path, inline: bool) -> None:
     storage = _NotingLocal(tmp_path / "root")
-    _steady_appends(storage, storage.noted, tmp_path / "cache", interval=1000, appends=20)
+    _steady_appends(storage, storage.noted, tmp_path / "cache", interval=1000, appends=20, inline=inline)
 
 
 @pytest.mark.parametrize("interval", [1000, 7])
-def test_an_s3_append_costs_a_data_put_a_conditional_commit_put_and_one_get(
+def test_a_small_s3_append_costs_a_conditional_commit_put_and_one_get(
     s3_root: tuple[str, dict[str, Any]], tmp_path: Path, interval: int,
 ) -> None:
     uri, options = s3_root
     storage = _NotingS3(uri, options)
     try:
         _steady_appends(storage, storage.noted, tmp_path / "cache", interval=interval, appends=20)
+    finally:
+        storage.close()
+
+
+def test_an_s3_append_past_commit_inline_bytes_adds_the_put_of_its_data_file(
+    s3_root: tuple[str, dict[str, Any]], tmp_path: Path,
+) -> None:
+    uri, options = s3_root
+    storage = _NotingS3(uri, options)
+    try:
+        _steady_appends(storage, storage.noted, tmp_path / "cache", interval=1000, appends=10, inline=False)
     finally:
         storage.close()
 

@@ -48,6 +48,11 @@ def _body_start(data: bytes) -> int:
     return data.index(b"\n") + 1
 
 
+def _body_end(data: bytes) -> int:
+    """Where the body line ends: the end of the object, or where its attached bytes start."""
+    return data.index(b"\n", _body_start(data)) + 1
+
+
 @pytest.mark.parametrize("where", ["header", "body", "last-body-byte", "final-newline", "truncated", "padded"])
 def test_a_corrupted_commit_is_refused_naming_it(
     tmp_path: Path, make_log: Any, where: str
@@ -57,15 +62,15 @@ def test_a_corrupted_commit_is_refused_naming_it(
     name = commit_name(3)
     path = root / name
     data = path.read_bytes()
-    body = _body_start(data)
+    body, end = _body_start(data), _body_end(data)
     if where == "header":
         _flip(path, 3)
     elif where == "body":
-        _flip(path, body + (len(data) - body) // 2)
+        _flip(path, body + (end - body) // 2)
     elif where == "last-body-byte":
-        _flip(path, len(data) - 2)
+        _flip(path, end - 2)
     elif where == "final-newline":
-        _flip(path, len(data) - 1)
+        _flip(path, end - 1)
     elif where == "truncated":
         path.write_bytes(data[: len(data) - 10])
     else:
@@ -127,13 +132,17 @@ def _batch_of(the_log: Log, partition: int) -> LiveBatch:
     return batch
 
 
-@pytest.mark.parametrize("offset_in_batch", ["first", "middle", "last"])
+@pytest.mark.parametrize(("offset_in_batch", "inline_bytes"), [
+    *(pytest.param(where, 0, id=where) for where in ("first", "middle", "last")),
+    *(pytest.param(where, 65536, id=f"{where}-inline file") for where in ("first", "middle", "last")),
+])
 def test_a_corrupted_data_batch_is_refused_when_read(
-    tmp_path: Path, make_log: Any, offset_in_batch: str
+    tmp_path: Path, make_log: Any, offset_in_batch: str, inline_bytes: int
 ) -> None:
     root = tmp_path / "root"
-    the_log = _build(make_log, root, tmp_path / "cache")
+    the_log = _build(make_log, root, tmp_path / "cache", commit_inline_bytes=inline_bytes)
     batch = _batch_of(the_log, 0)
+    assert batch.path.startswith("log/" if inline_bytes else "data/")
     the_log.close()
     position = {"first": batch.position, "middle": batch.position + batch.length // 2,
                 "last": batch.position + batch.length - 1}[offset_in_batch]
@@ -153,7 +162,8 @@ def test_a_corrupted_data_batch_is_refused_when_read(
 
 def test_a_truncated_or_missing_data_file_is_refused(tmp_path: Path, make_log: Any) -> None:
     root = tmp_path / "root"
-    the_log = _build(make_log, root, tmp_path / "cache")
+    # Data files of their own: the test truncates one and deletes another.
+    the_log = _build(make_log, root, tmp_path / "cache", commit_inline_bytes=0)
     first, second = _batch_of(the_log, 0), _batch_of(the_log, 1)
     the_log.close()
     data = (root / first.path).read_bytes()
@@ -169,6 +179,35 @@ def test_a_truncated_or_missing_data_file_is_refused(tmp_path: Path, make_log: A
     findings = check_store(reader)
     assert any(second.path in f and "missing" in f for f in findings)
     assert any(first.path in f for f in findings)
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated"])
+def test_a_damaged_inline_file_is_refused_naming_its_commit(tmp_path: Path, make_log: Any, damage: str) -> None:
+    """A small flush's records are attached to its commit: a flipped byte in them or a truncation
+    of them is a CorruptDataError naming the commit, for a cache that indexed them and a fresh one."""
+    root = tmp_path / "root"
+    the_log = _build(make_log, root, tmp_path / "cache")
+    batch, other = _batch_of(the_log, 1), _batch_of(the_log, 0)
+    the_log.close()
+    name = commit_name(3)
+    assert batch.path == name and other.path != name  # partition 1's inline file is commit 3's
+    path = root / name
+    data = path.read_bytes()
+    assert json.loads(data[: data.index(b"\n")])["format"] == 2
+    if damage == "flipped":
+        _flip(path, batch.position + batch.length // 2)
+    else:
+        path.write_bytes(data[: batch.position + batch.length // 2])
+
+    reader = make_log(root, tmp_path / "cache")  # the cache is fine; the commit's records are not
+    with pytest.raises(CorruptDataError) as info:
+        list(reader.read(1))
+    assert info.value.name == name and name in str(info.value)
+    assert [r.value for r in reader.read(0)] == [b"a" * 2000, b"b", b"d"]  # other files are unaffected
+    assert any(name in finding for finding in check_store(reader, deep=True))
+    with pytest.raises(CorruptDataError) as fresh:
+        make_log(root, tmp_path / "fresh-cache")
+    assert fresh.value.name == name
 
 
 def test_the_store_reports_a_corrupted_value_naming_the_file(tmp_path: Path) -> None:

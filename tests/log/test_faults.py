@@ -2,10 +2,11 @@
 
 The flow (open a log, register a producer, append four batches over three partitions, with a
 checkpoint every three commits) is run once through a :class:`FaultyStorage` that records its
-history. Then, for every step of that history in turn, the flow is run again on a fresh root
-with exactly that step failing: an error before the call, a timeout after it succeeded, or a
-simulated crash before or after it. A crash after the commit but before the LMDB apply is also
-produced by a monkeypatched ``apply_commit``.
+history, once with each append writing a data file and once with each append's records attached
+to its commit (an inline file). Then, for every step of that history in turn, the flow is run
+again on a fresh root with exactly that step failing: an error before the call, a timeout after
+it succeeded, or a simulated crash before or after it. A crash after the commit but before the
+LMDB apply is also produced by a monkeypatched ``apply_commit``.
 
 After each fault the invariant is checked: every acknowledged append is readable exactly once at
 its acknowledged offsets; the producer, resumed with its current epoch, resends every batch with
@@ -38,7 +39,10 @@ from kvlog.storage.faulty import Event, FaultPlan, FaultyStorage, SimulatedCrash
 PID = 77
 PARTS = 3
 SEED = 1234
-CONFIG = StoreConfig(partitions=PARTS, checkpoint_interval=3, commit_retries=5)
+# Data files of their own: the flow's steps include each append's data write, which the tests fail.
+CONFIG = StoreConfig(partitions=PARTS, checkpoint_interval=3, commit_retries=5, commit_inline_bytes=0)
+#: The same flow with every append's records attached to its commit.
+INLINE_CONFIG = StoreConfig(partitions=PARTS, checkpoint_interval=3, commit_retries=5, commit_inline_bytes=65536)
 
 
 def _keys(partition: int, count: int, tag: str) -> list[bytes]:
@@ -75,12 +79,13 @@ class Run:
     producer: Producer | None = None
     acked: dict[int, AppendResult] = field(default_factory=dict)
     failure: BaseException | None = None
+    config: StoreConfig = CONFIG
 
 
 def run_flow(storage: Any, cache: Path, run: Run, *, start: int = 0) -> None:
     """Open, register, append the batches from ``start``; records progress in ``run``."""
     if run.log is None:
-        run.log = open_log(storage, cache_dir=cache, config=CONFIG, clock=ManualClock(),
+        run.log = open_log(storage, cache_dir=cache, config=run.config, clock=ManualClock(),
                            ids=SeededIdSource(SEED))
     if run.producer is None:
         run.producer = run.log.producer(PID)
@@ -151,12 +156,19 @@ def resend_and_verify(the_log: Log, acked: dict[int, AppendResult], *, replay_de
     assert check_store(the_log) == []
 
 
+@pytest.fixture(scope="module", params=[CONFIG, INLINE_CONFIG], ids=["data files", "inline files"])
+def config(request: pytest.FixtureRequest) -> StoreConfig:
+    """The settings of the flow: appends write data files, or attach their records to their commits."""
+    the_config: StoreConfig = request.param
+    return the_config
+
+
 @pytest.fixture(scope="module")
-def history(tmp_path_factory: pytest.TempPathFactory) -> list[Event]:
+def history(config: StoreConfig, tmp_path_factory: pytest.TempPathFactory) -> list[Event]:
     """Every step the flow takes, from a run without faults."""
     directory = tmp_path_factory.mktemp("probe")
     probe = FaultyStorage(LocalStorage(directory / "root", fsync=False))
-    run = Run()
+    run = Run(config=config)
     run_flow(probe, directory / "cache", run)
     assert run.log is not None
     run.log.close()
@@ -164,10 +176,11 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> list[Event]:
     return list(probe.history)
 
 
-def test_the_flow_has_every_step_of_an_append(history: list[Event]) -> None:
-    """The enumeration below covers data writes, commit puts, replay reads and checkpoints."""
+def test_the_flow_has_every_step_of_an_append(config: StoreConfig, history: list[Event]) -> None:
+    """The enumeration below covers data writes (when appends write data files), commit puts,
+    replay reads and checkpoints."""
     ops = [(e.op, e.name.split("/")[0]) for e in history]
-    assert ops.count(("put", "data")) == len(BATCHES)
+    assert ops.count(("put", "data")) == (0 if config.commit_inline_bytes else len(BATCHES))
     commits = [e.name for e in history if e.op == "put_if_absent" and e.name.endswith(".json")]
     assert commit_name(1) in commits and commit_name(len(BATCHES) + 1) in commits
     assert any(".checkpoint." in n for n in commits)
@@ -178,9 +191,9 @@ def test_the_flow_has_every_step_of_an_append(history: list[Event]) -> None:
             assert nxt.name.startswith("log/") and ".checkpoint." not in nxt.name
 
 
-def _inject(plan: FaultPlan, directory: Path) -> tuple[FaultyStorage, Run]:
+def _inject(plan: FaultPlan, directory: Path, config: StoreConfig = CONFIG) -> tuple[FaultyStorage, Run]:
     faulty = FaultyStorage(LocalStorage(directory / "root", fsync=False), plan)
-    run = Run()
+    run = Run(config=config)
     try:
         run_flow(faulty, directory / "cache", run)
     except (SimulatedCrash, KvlogError) as e:
@@ -188,15 +201,15 @@ def _inject(plan: FaultPlan, directory: Path) -> tuple[FaultyStorage, Run]:
     return faulty, run
 
 
-def _reopen(directory: Path, cache: str, seed: int) -> Log:
+def _reopen(directory: Path, cache: str, seed: int, config: StoreConfig = CONFIG) -> Log:
     return open_log(LocalStorage(directory / "root", fsync=False), cache_dir=directory / cache,
-                    config=CONFIG, clock=ManualClock(), ids=SeededIdSource(seed))
+                    config=config, clock=ManualClock(), ids=SeededIdSource(seed))
 
 
 def _recover_after_crash(directory: Path, run: Run, cache: str, seed: int) -> None:
     if run.log is not None:
         run.log.close()  # the "process" is gone; only its files and its LMDB remain
-    reopened = _reopen(directory, cache, seed)
+    reopened = _reopen(directory, cache, seed, run.config)
     try:
         resend_and_verify(reopened, run.acked, replay_decides=cache == "fresh-cache")
     finally:
@@ -204,14 +217,14 @@ def _recover_after_crash(directory: Path, run: Run, cache: str, seed: int) -> No
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_crash_at_every_step(history: list[Event], tmp_path: Path, when: str) -> None:
+def test_crash_at_every_step(config: StoreConfig, history: list[Event], tmp_path: Path, when: str) -> None:
     crashes = 0
     for event in history:
         if event.op == "crash_point" and when == "after":
             continue
         for cache in ("cache", "fresh-cache"):
             directory = tmp_path / f"{event.index}-{cache}"
-            faulty, run = _inject(event.crash_plan(when), directory)  # type: ignore[arg-type]
+            faulty, run = _inject(event.crash_plan(when), directory, config)  # type: ignore[arg-type]
             assert [e.index for e in faulty.injected] == [event.index], f"fault did not fire at {event}"
             if run.failure is None:
                 # A crash "after" a read that raised FileNotFoundError never comes: the read
@@ -232,14 +245,14 @@ def test_crash_at_every_step(history: list[Event], tmp_path: Path, when: str) ->
 
 @pytest.mark.parametrize("kind", ["error", "timeout_after_success"])
 def test_storage_fault_at_every_step_then_retry_in_process(
-    history: list[Event], tmp_path: Path, kind: str
+    config: StoreConfig, history: list[Event], tmp_path: Path, kind: str
 ) -> None:
     """The process survives the fault, retries what was not acknowledged, and a reopen agrees."""
     for event in history:
         if event.op == "crash_point":
             continue
         directory = tmp_path / str(event.index)
-        faulty, run = _inject(event.error_plan(kind), directory)  # type: ignore[arg-type]
+        faulty, run = _inject(event.error_plan(kind), directory, config)  # type: ignore[arg-type]
         assert [e.index for e in faulty.injected] == [event.index], f"fault did not fire at {event}"
         try:
             if run.failure is None:
@@ -254,7 +267,7 @@ def test_storage_fault_at_every_step_then_retry_in_process(
                 resend_and_verify(run.log, run.acked, replay_decides=event.index % 2 == 1)
                 run.log.close()
             # Whatever happened, a cold reader of the root sees each batch exactly once.
-            final = _reopen(directory, "cold-cache", seed=SEED + 100 + event.index)
+            final = _reopen(directory, "cold-cache", seed=SEED + 100 + event.index, config=config)
             try:
                 every = {i: AppendResult(r.base_offset, r.last_offset) for i, r in run.acked.items()}
                 check_acked(final, every)
@@ -298,7 +311,9 @@ def test_crash_after_the_commit_before_the_lmdb_apply(
         _recover_after_crash(directory, run, cache, seed=SEED + 50 + nth)
 
 
-def test_commit_state_unknown_is_resolved_by_reopening(history: list[Event], tmp_path: Path) -> None:
+def test_commit_state_unknown_is_resolved_by_reopening(
+    config: StoreConfig, history: list[Event], tmp_path: Path,
+) -> None:
     """The commit put timed out after landing and every read-back failed: the caller cannot know."""
     target = commit_name(2)  # the first append's commit
     put_at = next(e.index for e in history if e.op == "put_if_absent" and e.name == target)
@@ -307,13 +322,13 @@ def test_commit_state_unknown_is_resolved_by_reopening(history: list[Event], tmp
         fail("put_if_absent", target, kind="timeout_after_success"),
         fail("read", target, nth=reads_before + 1, times=None),
     )
-    faulty, run = _inject(plan, tmp_path)
+    faulty, run = _inject(plan, tmp_path, config)
     assert isinstance(run.failure, CommitStateUnknownError)
     assert run.acked == {} and LocalStorage(tmp_path / "root").exists(target)
     faulty.set_plan(None)
     assert run.log is not None
     run.log.close()
-    _recover_after_crash(tmp_path, Run(acked={}), "fresh-cache", seed=SEED + 7)
+    _recover_after_crash(tmp_path, Run(acked={}, config=config), "fresh-cache", seed=SEED + 7)
 
 
 def test_persistent_commit_failure_reports_an_error_and_writes_no_commit(tmp_path: Path) -> None:

@@ -261,7 +261,8 @@ def test_gc_deletes_orphans_and_replaced_files_after_the_delay_and_keeps_live_fi
     wall = time.time_ns() // 1_000_000
     clock = ManualClock(wall)  # GC compares storage mtimes (wall time) with the injected clock
     root = tmp_path / "root"
-    the_log = make_log(root, tmp_path / "cache", log_clock=clock, file_delete_delay_ms=delay)
+    # Data files of their own: the test has GC delete a replaced one and checks the live ones stay.
+    the_log = make_log(root, tmp_path / "cache", log_clock=clock, file_delete_delay_ms=delay, commit_inline_bytes=0)
     producer = the_log.producer(1)
     k0, k1 = keys_in(0, 4, 2)
     for i, key in enumerate([k0, k0, k1]):  # the first batch is superseded by the second

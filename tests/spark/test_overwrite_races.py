@@ -40,7 +40,7 @@ def test_a_failed_job_leaves_nothing(spark: Any, kv: Any, tmp_path: Path) -> Non
     path = str(tmp_path / "store")
     with kv.open_store(path) as store:
         kv.fill(store, ops=80, keys=30, seed=31)
-        version, state = store.log.version, dict(store.scan())
+        version, state, live = store.log.version, dict(store.scan()), kv.live_files(store)
     on_disk = kv.data_files_on_disk(path)
     data_dir = str(Path(path) / "data")
     before = len(on_disk)
@@ -60,11 +60,20 @@ def test_a_failed_job_leaves_nothing(spark: Any, kv: Any, tmp_path: Path) -> Non
         _overwrite(df.mapInArrow(fail_task_1, df.schema), path)
     with kvlog.open(path, read_only=True) as store:
         assert store.log.version == version and dict(store.scan()) == state
-        assert kv.live_files(store) <= on_disk
+        assert kv.live_files(store) == live
     with kvlog.open(path, background_compaction=False, file_delete_delay_ms=1000) as store:
         _collect_orphans(store)
         assert dict(store.scan()) == {**state, b"later": b"x"} and store.check() == []
-        assert kv.data_files_on_disk(path) == kv.live_files(store)
+        _assert_only_live_files_stored(kv, path, store)
+
+
+def _assert_only_live_files_stored(kv: Any, path: str, store: kvlog.Store) -> None:
+    """Every data file under the root is live, and every live file is stored: a data file, or
+    the inline file of a commit (named by the commit)."""
+    live = kv.live_files(store)
+    assert kv.data_files_on_disk(path) == {p for p in live if p.startswith("data/")}
+    inline = live - kv.data_files_on_disk(path)
+    assert all(p.startswith("log/") and (Path(path) / p).is_file() for p in inline), inline
 
 
 def _collect_orphans(store: kvlog.Store) -> dict[str, int]:
@@ -94,7 +103,7 @@ def test_a_lost_task_attempt_is_never_live_and_gc_collects_it(spark: Any, kv: An
         orphans = stray - kv.live_files(store)
         assert orphans, "the lost attempt wrote no file"
         assert _collect_orphans(store)["orphans"] >= len(orphans)
-        assert kv.data_files_on_disk(path) == kv.live_files(store)
+        _assert_only_live_files_stored(kv, path, store)
     assert _state(path) == {**dict(rows), b"later": b"x"}
 
 
@@ -135,16 +144,15 @@ def test_overwrite_while_a_local_process_writes(spark: Any, kv: Any, tmp_path: P
         kv.fill(store, ops=60, keys=30, seed=33)
         start = store.log.version
     rows = _rows("df", 40)
-    data = Path(path) / "data" / "0"
     stop = threading.Event()
     written: list[bytes] = []
 
     def local_writer() -> None:
         with kvlog.open(path, background_compaction=False) as store:
-            seen = set(data.iterdir())
+            seen = kv.data_files_on_disk(path)
             i = 0
             while not stop.is_set():
-                now = set(data.iterdir())
+                now = kv.data_files_on_disk(path)
                 if now - seen and i < 4:  # the task files, the first tombstone files: put at once
                     seen = now
                     key = f"local-{i:04d}".encode()

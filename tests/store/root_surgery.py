@@ -35,10 +35,12 @@ def copy_root(root: Path, to: Path) -> None:
 
 
 def restore_root(root: Path, backup: Path, dirs: tuple[str, ...] = ("log", "data")) -> None:
-    """Put ``dirs`` of the root back as ``backup`` has them."""
+    """Put ``dirs`` of the root back as ``backup`` has them (absent if the backup has none:
+    a store of small flushes has no ``data/``)."""
     for name in dirs:
-        shutil.rmtree(root / name)
-        shutil.copytree(backup / name, root / name)
+        shutil.rmtree(root / name, ignore_errors=True)
+        if (backup / name).exists():
+            shutil.copytree(backup / name, root / name)
 
 
 def write_past_a_backup(store: Any, root: Path, backup: Path) -> None:

@@ -434,22 +434,29 @@ def _reads_are_exact_or_refused(store: kvlog.Store, keys: list[bytes]) -> int:
     return refused
 
 
-@pytest.mark.parametrize("nth", [1, 70])
+@pytest.mark.parametrize(("nth", "files"), [
+    pytest.param(1, "data/*", id="1"), pytest.param(70, "data/*", id="70"),
+    pytest.param(1, "log/*", id="1-inline files"), pytest.param(70, "log/*", id="70-inline files"),
+])
 def test_a_rebuild_failing_partway_never_answers_none_for_a_live_key(tmp_path: Path, opened: list[kvlog.Store],
-                                                                      nth: int) -> None:
-    """A rebuild of the key index whose read of a data file fails (on the first batch, or in
-    its second chunk of batches) leaves the open handle answering each key exactly or
-    refusing with a ``KvlogError``, never with None; the next refresh rebuilds it, exact."""
+                                                                      nth: int, files: str) -> None:
+    """A rebuild of the key index whose read of a data file or of a commit's inline file fails
+    (on the first batch, or in its second chunk of batches) leaves the open handle answering
+    each key exactly or refusing with a ``KvlogError``, never with None; the next refresh
+    rebuilds it, exact."""
     faulty = FaultyStorage(LocalStorage(tmp_path / "root", fsync=False))
-    store = kvlog.open(faulty, cache_dir=tmp_path / "cache", **SETTINGS)
+    # Data files of their own, or inline files only: the test fails a read of the one kind of file.
+    inline_bytes = 0 if files == "data/*" else 65536
+    store = kvlog.open(faulty, cache_dir=tmp_path / "cache", commit_inline_bytes=inline_bytes, **SETTINGS)
     opened.append(store)
     keys = SMALL + BIG
     _fill(store, keys, flushes=60)
-    batches = store.log.snapshot(lambda r: sum(1 for p in range(4) for _b in r.iter_batches(p, 0)))
-    assert batches > 70  # two chunks of batches to index
+    batches = store.log.snapshot(lambda r: [b.path for p in range(4) for b in r.iter_batches(p, 0)])
+    assert len(batches) > 70  # two chunks of batches to index
+    assert all(path.startswith(files[:-1]) for path in batches)
     _all_exact(store, keys)
     store.log.batch_cache.clear()  # the rebuild reads every batch from storage
-    faulty.set_plan(FaultPlan(fail("read_range", "data/*", nth=nth)))
+    faulty.set_plan(FaultPlan(fail("read_range", files, nth=nth)))
     store.log._committer.index_stale = True  # as after applying a commit whose data was compacted away
     with pytest.raises(StorageError):
         store.refresh()

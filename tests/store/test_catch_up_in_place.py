@@ -20,8 +20,10 @@ import kvlog
 from kvlog.log.catch_up import ASIDE_PREFIX
 from kvlog.log.naming import commit_name
 
-#: Commits are collected below the newest checkpoint as soon as one is written.
-RETENTION_ZERO = {**EXPLICIT_FLUSH, "commit_retention_ms": 0, "checkpoint_interval": 10_000}
+#: Commits are collected below the newest checkpoint as soon as one is written. Data files of
+#: their own: the other process's GC deletes the files the idle cache still names.
+RETENTION_ZERO = {**EXPLICIT_FLUSH, "commit_retention_ms": 0, "checkpoint_interval": 10_000,
+                  "commit_inline_bytes": 0}
 
 
 def _fill(root: Root, keys: int, flushes: int) -> list[str]:

@@ -59,7 +59,8 @@ def test_a_writer_stalled_across_two_gc_runs_never_makes_live_a_file_gc_deleted(
     root = tmp_path / "root"
     storage = HookBeforeCommit(root, fsync=False)
     start = time.time_ns() // 1_000_000
-    with kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET) as store:
+    # data files of their own: orphan GC deletes the stalled flush's file
+    with kvlog.open(storage, cache_dir=tmp_path / "cache", commit_inline_bytes=0, **QUIET) as store:
         store.put(b"before", b"1", sync=True)
 
         def stall() -> None:
@@ -105,7 +106,8 @@ def test_a_commit_whose_answer_was_lost_is_not_acknowledged_after_a_restore_gap(
     it."""
     root = tmp_path / "root"
     storage = RestoreThenLoseResponse(root, fsync=False)
-    store = kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET)
+    # data files of their own: restore_root puts back the data directory of the backup
+    store = kvlog.open(storage, cache_dir=tmp_path / "cache", commit_inline_bytes=0, **QUIET)
     acknowledged = False
     try:
         write_past_a_backup(store, root, tmp_path / "backup")
@@ -155,7 +157,8 @@ def test_a_commit_left_after_a_gap_is_refused_and_the_store_goes_on(tmp_path: Pa
     are written again, every reader refuses it as a no-op, and opens and writes go on."""
     root = tmp_path / "root"
     storage = RestoreOnCommitFailingTakeBack(root, fsync=False)
-    store = kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET)
+    # data files of their own: restore_root puts back the data directory of the backup
+    store = kvlog.open(storage, cache_dir=tmp_path / "cache", commit_inline_bytes=0, **QUIET)
     try:
         write_past_a_backup(store, root, tmp_path / "backup")
         storage.backup = tmp_path / "backup"
@@ -242,7 +245,9 @@ def test_a_writer_behind_the_commit_retention_window_catches_up_beside_its_reads
     still answers, and the write then lands at the head with everything before it."""
     root = tmp_path / "root"
     storage = HookOnDataRead(root, fsync=False)
-    settings = {**QUIET, "checkpoint_interval": 1, "commit_retention_ms": 0}
+    # data files of their own: commit GC keeps a commit whose inline file is live, and the hook
+    # runs at a data file's read
+    settings = {**QUIET, "checkpoint_interval": 1, "commit_retention_ms": 0, "commit_inline_bytes": 0}
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", **settings)
     try:
         store.put(b"held", b"value", sync=True)
@@ -306,7 +311,9 @@ def test_a_writer_that_could_not_check_its_commit_after_a_restore_never_writes_o
     opener reads the restored root with every acknowledged write."""
     root = tmp_path / "root"
     storage = RestoreOnCommitFailingFollowCheck(root, fsync=False)
-    store = kvlog.open(storage, cache_dir=tmp_path / "cache", checkpoint_interval=2, **QUIET)
+    # data files of their own: restore_root puts back the data directory of the backup
+    store = kvlog.open(storage, cache_dir=tmp_path / "cache", checkpoint_interval=2, commit_inline_bytes=0,
+                       **QUIET)
     acknowledged: list[bytes] = []
     try:
         write_past_a_backup(store, root, tmp_path / "backup")
@@ -390,7 +397,8 @@ def test_the_retry_of_a_flush_whose_commit_followed_a_restore_gap_acknowledges_n
     fresh reader of the restored root holds every acknowledged write and not the lost one."""
     root = tmp_path / "root"
     storage, arm = restoring(root)
-    settings = {**QUIET, "flush_interval_ms": 20 if retry == "background" else 0}
+    # data files of their own: restore_root puts back the data directory of the backup
+    settings = {**QUIET, "flush_interval_ms": 20 if retry == "background" else 0, "commit_inline_bytes": 0}
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", **settings)
     try:
         write_past_a_backup(store, root, tmp_path / "backup")
@@ -443,8 +451,9 @@ def test_a_commit_after_a_gap_covered_by_another_writers_commit_is_still_never_w
     root = tmp_path / "root"
     a_storage = FailingOnce(root, fsync=False)
     b_storage = FailingOnce(root, fsync=False)
-    a = kvlog.open(a_storage, cache_dir=tmp_path / "a", checkpoint_interval=2, **QUIET)
-    b = kvlog.open(b_storage, cache_dir=tmp_path / "b", checkpoint_interval=2, **QUIET)
+    # data files of their own: restore_root puts back the data directory of the backup
+    a = kvlog.open(a_storage, cache_dir=tmp_path / "a", checkpoint_interval=2, commit_inline_bytes=0, **QUIET)
+    b = kvlog.open(b_storage, cache_dir=tmp_path / "b", checkpoint_interval=2, commit_inline_bytes=0, **QUIET)
     acknowledged: list[bytes] = []
     try:
         a.put(b"a", b"1", sync=True)

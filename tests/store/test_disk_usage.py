@@ -62,7 +62,8 @@ def test_the_figures_add_up_to_the_directory(tmp_path: Path) -> None:
 def test_replaced_files_leave_the_figures_when_gc_deletes_them(tmp_path: Path) -> None:
     root = tmp_path / "root"
     clock = ManualClock(time.time_ns() // 1_000_000)
-    with kvlog.open(root, clock=clock, file_delete_delay_ms=1_000, **QUIET) as store:
+    # Data files of their own: the test has GC delete the replaced ones.
+    with kvlog.open(root, clock=clock, file_delete_delay_ms=1_000, commit_inline_bytes=0, **QUIET) as store:
         fill(store, 2)
         before = store.disk_usage()
         assert before["awaiting_deletion"] == 0
@@ -84,7 +85,8 @@ def test_an_open_snapshot_keeps_its_files_counted_as_awaiting_deletion(tmp_path:
     """A replaced file a read view may still read stays, and stays counted, past its delay."""
     root = tmp_path / "root"
     clock = ManualClock(time.time_ns() // 1_000_000)
-    with kvlog.open(root, clock=clock, file_delete_delay_ms=1_000, **QUIET) as store:
+    # Data files of their own: the test has GC delete the replaced ones once the snapshot closes.
+    with kvlog.open(root, clock=clock, file_delete_delay_ms=1_000, commit_inline_bytes=0, **QUIET) as store:
         fill(store, 2)
         snap = store.snapshot()
         store.compact(force=True)
@@ -103,6 +105,7 @@ def test_a_file_no_commit_references_is_unreferenced(tmp_path: Path) -> None:
     with kvlog.open(root, **QUIET) as store:
         fill(store, 1)
         stray = root / "data" / "0" / "stray.arrow"
+        stray.parent.mkdir(parents=True, exist_ok=True)  # a small flush attaches its file to its commit
         stray.write_bytes(b"x" * 1234)
         usage = store.disk_usage()
         assert usage["unreferenced"] == 1234

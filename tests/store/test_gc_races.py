@@ -147,7 +147,8 @@ def test_commit_gc_cut_short_leaves_the_remaining_commits_contiguous(tmp_path: P
     cache whose head storage still holds then never stops replaying below the checkpoint and
     takes a freed version for its next commit."""
     root = tmp_path / "root"
-    settings = dict(QUIET, checkpoint_interval=1, commit_retention_ms=0)
+    # data files of their own: commit GC keeps a commit whose inline file is live
+    settings = dict(QUIET, checkpoint_interval=1, commit_retention_ms=0, commit_inline_bytes=0)
     with kvlog.open(_NewestFirstFailingSecondCommitDelete(root, fsync=False), cache_dir=tmp_path / "c",
                     **settings) as store:
         for i in range(5):

@@ -17,21 +17,25 @@ import kvlog
 import kvlog.aio
 from kvlog.errors import CorruptDataError
 
+# Data files of their own: the tests need GC in the other process to delete the files the idle
+# handle lists.
+SETTINGS = {**EXPLICIT_FLUSH, "commit_inline_bytes": 0}
+
 
 def _fill(root: Root, keys: int, flushes: int, partitions: int = 2) -> list[str]:
-    return fill_old(root, keys, flushes, EXPLICIT_FLUSH, partitions)
+    return fill_old(root, keys, flushes, SETTINGS, partitions)
 
 
 def _compact_and_collect(root: Root, keys: list[str]) -> None:
     """Another process overwrites ``keys``, compacts, and collects past the default delay."""
-    counts = run_script("compact_gc_proc.py", root.spec("other", keys=keys, settings=EXPLICIT_FLUSH),
+    counts = run_script("compact_gc_proc.py", root.spec("other", keys=keys, settings=SETTINGS),
                         timeout=120)
     assert counts["replaced"] > 0  # the files the idle handle lists are gone
 
 
 def test_an_idle_consumer_resumes_after_another_process_compacts_and_collects(local_root: Root) -> None:
     names = _fill(local_root, 40, 4)
-    with local_root.open(cache="consumer", **EXPLICIT_FLUSH) as store:
+    with local_root.open(cache="consumer", **SETTINGS) as store:
         consumer = store.consumer("g")
         assert len(consumer.poll(timeout_s=0, max_records=7)) == 7
         consumer.commit()

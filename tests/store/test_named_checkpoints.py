@@ -50,8 +50,15 @@ def _write_rounds(store: kvlog.Store, rounds: range, keys: int = 40) -> None:
         store.flush()
 
 
-def _data_files(store: kvlog.Store) -> set[str]:
-    return {info.name for info in store.log.storage.list("data/")}
+def _live_files(store: kvlog.Store) -> set[str]:
+    """The paths of the files live at ``store``'s version: data files, and commits that carry
+    an inline file."""
+    return {e.path for _fid, e in store.log.snapshot(lambda r: list(r.iter_files()))}
+
+
+def _stored(store: kvlog.Store, paths: set[str]) -> set[str]:
+    """Those of ``paths`` that storage still holds."""
+    return {path for path in paths if store.log.storage.exists(path)}
 
 
 def test_open_at_a_checkpoint_after_writes_compaction_and_gc(root: Root) -> None:
@@ -62,7 +69,7 @@ def test_open_at_a_checkpoint_after_writes_compaction_and_gc(root: Root) -> None
         cp = store.checkpoint("before")
         assert cp == kvlog.Checkpoint("before", store.log.version - 1, cp.created_ms)
         assert store.checkpoints() == [cp]
-        pinned_files = _data_files(store)
+        pinned_files = _live_files(store)
         if root.kind == "s3":
             time.sleep(1.1)  # commit GC compares storage times, to the second on an object store
         _write_rounds(store, range(3, 6))
@@ -70,7 +77,7 @@ def test_open_at_a_checkpoint_after_writes_compaction_and_gc(root: Root) -> None
         clock.advance(10_000)
         freed = store.gc()
         assert freed["commits"] > 0
-        assert pinned_files <= _data_files(store)  # the replaced files live at the checkpoint stay
+        assert _stored(store, pinned_files) == pinned_files  # the replaced files live at the checkpoint stay
         after = _state(store)
         assert after != before
     with root.open(cache="fresh", read_only=True, checkpoint="before") as old:
@@ -90,15 +97,14 @@ def test_delete_checkpoint_then_gc_frees_its_files(root: Root) -> None:
     with root.open(clock=clock, partitions=2, **FAST_GC) as store:
         _write_rounds(store, range(3))
         store.checkpoint("cp")
-        pinned_files = _data_files(store)
+        pinned_files = _live_files(store)
         cp_version = store.checkpoints()[0].version
         _write_rounds(store, range(3, 5))
         store.compact(force=True)
         clock.advance(10_000)
         store.gc()
-        live = {e.path for _fid, e in store.log.snapshot(lambda r: list(r.iter_files()))}
-        kept = pinned_files - live
-        assert kept and kept <= _data_files(store)
+        kept = pinned_files - _live_files(store)
+        assert kept and _stored(store, kept) == kept
         store.delete_checkpoint("cp")
         assert store.checkpoints() == []
         if root.kind == "s3":
@@ -107,7 +113,7 @@ def test_delete_checkpoint_then_gc_frees_its_files(root: Root) -> None:
             store.put(f"x{i}", "y", sync=True)
         clock.advance(10_000)
         store.gc()
-        assert not (kept & _data_files(store))
+        assert not _stored(store, kept)
         names = {i.name for i in store.log.storage.list("log/")}
         assert f"log/{cp_version:020d}.checkpoint.json" not in names
         with pytest.raises(CheckpointNotFoundError):
@@ -116,7 +122,8 @@ def test_delete_checkpoint_then_gc_frees_its_files(root: Root) -> None:
 
 def test_checkpoints_are_seen_by_other_processes_and_survive_gc_of_their_commit(root: Root) -> None:
     clock = ManualClock()
-    with root.open(clock=clock, partitions=2, **FAST_GC) as store:
+    # Data files of their own: commit GC collects the first commits only if they carry no live file.
+    with root.open(clock=clock, partitions=2, **FAST_GC, commit_inline_bytes=0) as store:
         _write_rounds(store, range(2))
         cp = store.checkpoint("a")
         if root.kind == "s3":
@@ -246,11 +253,12 @@ def test_a_crash_between_the_metadata_checkpoint_and_the_pin_leaves_nothing_pinn
         store.flush()
     with kvlog.open(root, cache_dir=tmp_path / "cache", clock=clock, **FAST_GC) as store:
         assert store.checkpoints() == []
-        files = _data_files(store)
+        files = _live_files(store)
+        assert files
         _write_rounds(store, range(2, 4))
         store.compact(force=True)
         clock.advance(10_000)
         store.gc()
-        assert not (files & _data_files(store))  # nothing kept the half-made checkpoint's files
+        assert not _stored(store, files)  # nothing kept the half-made checkpoint's files
         cp = store.checkpoint("half")  # the name is free
         assert store.checkpoints() == [cp]

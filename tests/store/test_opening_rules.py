@@ -188,7 +188,8 @@ def test_every_argument_of_open_is_checked_before_anything_is_created(
 def test_a_reopen_names_the_commits_storage_lost_and_changes_nothing_until_the_loss_is_accepted(
         tmp_path: Path) -> None:
     root, cache = tmp_path / "root", tmp_path / "cache"
-    with kvlog.open(root, cache_dir=cache, **QUIET) as store:
+    # data files of their own: restore_root puts back the data directory of the backup
+    with kvlog.open(root, cache_dir=cache, commit_inline_bytes=0, **QUIET) as store:
         write_past_a_backup(store, root, tmp_path / "backup")  # b and c land after the backup
         lost = sorted(p.name for p in (root / "log").glob("*[0-9].json"))
     restore_root(root, tmp_path / "backup")
@@ -215,7 +216,8 @@ def test_a_reopen_names_the_commits_storage_lost_and_changes_nothing_until_the_l
 
 def test_check_of_an_open_store_names_every_commit_storage_lost(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    with kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET) as store:
+    # data files of their own: restore_root puts back the data directory of the backup
+    with kvlog.open(root, cache_dir=tmp_path / "cache", commit_inline_bytes=0, **QUIET) as store:
         write_past_a_backup(store, root, tmp_path / "backup")
         lost = sorted(p.name for p in (root / "log").glob("*[0-9].json"))
         restore_root(root, tmp_path / "backup")
@@ -230,7 +232,8 @@ def test_a_cache_behind_commit_gc_and_a_fresh_cache_open_without_rebuild(tmp_pat
     """Neither is a loss: a cache that slept while commits were collected after a checkpoint
     catches up from the checkpoint, and a fresh cache replays storage."""
     root = tmp_path / "root"
-    settings = {**QUIET, "checkpoint_interval": 2, "commit_retention_ms": 0}
+    # data files of their own: commit GC keeps a commit whose inline file is live
+    settings = {**QUIET, "checkpoint_interval": 2, "commit_retention_ms": 0, "commit_inline_bytes": 0}
     with kvlog.open(root, cache_dir=tmp_path / "sleeper", **settings) as store:
         store.put(b"a", b"1", sync=True)
     with kvlog.open(root, cache_dir=tmp_path / "busy", **settings) as store:
@@ -273,8 +276,9 @@ class ListsAnOlderCheckpointOnce(LocalStorage):
 
 def test_an_opener_whose_checkpoint_lost_its_commit_meanwhile_loads_the_newer_one(tmp_path: Path) -> None:
     root = tmp_path / "root"
+    # data files of their own: commit GC keeps a commit whose inline file is live
     settings = {"flush_interval_ms": 0, "background_compaction": False, "commit_retention_ms": 0,
-                "checkpoint_interval": 1_000_000}
+                "checkpoint_interval": 1_000_000, "commit_inline_bytes": 0}
     with kvlog.open(root, **settings) as store:
         for i in range(3):
             store.put(f"k{i}", "v", sync=True)

@@ -111,7 +111,8 @@ def test_opening_a_checkpoint_whose_data_files_were_deleted_by_hand(local_root: 
 
 def test_a_cached_checkpoint_whose_data_files_were_deleted_by_hand(local_root: Root) -> None:
     clock = ManualClock()
-    with local_root.open(clock=clock, partitions=2, **FAST_GC) as store:
+    # data files of their own: the test deletes them
+    with local_root.open(clock=clock, partitions=2, commit_inline_bytes=0, **FAST_GC) as store:
         _write_rounds(store, range(3))
         store.checkpoint("cp")
         with local_root.open(read_only=True, checkpoint="cp") as old:
@@ -152,7 +153,9 @@ def test_two_handles_create_one_name_at_once(tmp_path: Path) -> None:
 def test_a_checkpoint_of_a_restored_root(tmp_path: Path) -> None:
     root = tmp_path / "root"
     clock = ManualClock()
-    with kvlog.open(root, cache_dir=tmp_path / "c", clock=clock, partitions=2, **FAST_GC) as store:
+    # data files of their own: restore_root puts back the data directory of the backup
+    with kvlog.open(root, cache_dir=tmp_path / "c", clock=clock, partitions=2, commit_inline_bytes=0,
+                    **FAST_GC) as store:
         _write_rounds(store, range(2))
         copy_root(root, tmp_path / "backup")
         _write_rounds(store, range(2, 4))

@@ -15,7 +15,9 @@ PAD = "x" * 1100
 
 def _store(root: Root) -> list[str]:
     names = [f"k{i:03d}" for i in range(30)]
-    with root.open(partitions=2, **EXPLICIT_FLUSH) as store:
+    # Data files of their own: GC deletes a replaced data file once no lease keeps it (an inline
+    # file goes only with its commit, by the commit retention).
+    with root.open(partitions=2, commit_inline_bytes=0, **EXPLICIT_FLUSH) as store:
         for n, key in enumerate(names):
             store.put(key, f"old-{key}|{PAD}")
             if n % 10 == 9:

@@ -25,7 +25,8 @@ from kvlog.storage.base import BytesLike
 
 def test_a_writer_refuses_to_write_after_its_root_was_restored_from_an_older_copy(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    store = kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET)
+    # data files of their own: restore_root puts back the data directory of the backup
+    store = kvlog.open(root, cache_dir=tmp_path / "cache", commit_inline_bytes=0, **QUIET)
     try:
         write_past_a_backup(store, root, tmp_path / "backup")
         restore_root(root, tmp_path / "backup")
@@ -51,7 +52,8 @@ def test_a_writer_detects_a_history_rewritten_after_a_restore(tmp_path: Path) ->
     """Restored, then another writer took the same version numbers: the first writer's cache
     holds another history; it refuses to apply or write on it."""
     root = tmp_path / "root"
-    store = kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET)
+    # data files of their own: restore_root puts back the data directory of the backup
+    store = kvlog.open(root, cache_dir=tmp_path / "cache", commit_inline_bytes=0, **QUIET)
     try:
         store.put(b"a", b"1", sync=True)
         copy_root(root, tmp_path / "backup")
@@ -93,7 +95,8 @@ def test_check_names_a_truncated_newest_commit(tmp_path: Path) -> None:
 
 def test_check_names_a_data_file_with_a_flipped_byte_in_its_footer(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    with kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET) as store:
+    # a data file of its own: the test damages it
+    with kvlog.open(root, cache_dir=tmp_path / "cache", commit_inline_bytes=0, **QUIET) as store:
         for i in range(100):
             store.put(f"k{i}".encode(), b"v" * 50)
         store.flush()
@@ -122,7 +125,8 @@ class _RestoreOnCommit(LocalStorage):
 def test_a_commit_that_lands_after_a_restore_is_taken_back_not_acknowledged(tmp_path: Path) -> None:
     root = tmp_path / "root"
     storage = _RestoreOnCommit(root, fsync=False)
-    store = kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET)
+    # data files of their own: restore_root puts back the data directory of the backup
+    store = kvlog.open(storage, cache_dir=tmp_path / "cache", commit_inline_bytes=0, **QUIET)
     try:
         write_past_a_backup(store, root, tmp_path / "backup")
         storage.backup = tmp_path / "backup"
@@ -176,7 +180,9 @@ def test_gc_from_a_cache_ahead_of_a_restored_root_deletes_nothing(tmp_path: Path
 
     root = tmp_path / "root"
     clock = ManualClock(time.time_ns() // 1_000_000)
-    store = kvlog.open(root, cache_dir=tmp_path / "cache", clock=clock, file_delete_delay_ms=1_000, **QUIET)
+    # data files of their own: the test restores and counts them
+    store = kvlog.open(root, cache_dir=tmp_path / "cache", clock=clock, file_delete_delay_ms=1_000,
+                       commit_inline_bytes=0, **QUIET)
     try:
         for i in range(20):
             store.put(f"k{i}".encode(), b"v", sync=True)
@@ -217,7 +223,9 @@ def test_a_commit_that_lands_in_a_version_commit_gc_freed_is_taken_back_and_writ
     and writes it again at the head, once."""
     root = tmp_path / "root"
     storage = _OthersRunAheadOnCommit(root, fsync=False)
-    settings = dict(QUIET, checkpoint_interval=2, commit_retention_ms=0, file_delete_delay_ms=1_000)
+    # data files of their own: commit GC keeps a commit whose inline file is live
+    settings = dict(QUIET, checkpoint_interval=2, commit_retention_ms=0, file_delete_delay_ms=1_000,
+                    commit_inline_bytes=0)
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", **settings)
 
     def others_run_ahead() -> None:
@@ -254,7 +262,8 @@ def test_an_opener_whose_replay_stops_at_a_collected_commit_catches_up_from_the_
     write its producer registration into the freed version, which no reader starting from the checkpoint crosses (and after which
     it would refuse the next commit as written after a gap, losing its records)."""
     root = tmp_path / "root"
-    settings = dict(QUIET, checkpoint_interval=1, commit_retention_ms=0)
+    # data files of their own: commit GC keeps a commit whose inline file is live
+    settings = dict(QUIET, checkpoint_interval=1, commit_retention_ms=0, commit_inline_bytes=0)
     with kvlog.open(root, cache_dir=tmp_path / "stale", **settings) as stale:
         stale.put(b"s", b"1", sync=True)
         head = stale.log.version

@@ -37,8 +37,9 @@ def test_the_writer_that_fills_the_buffer_flushes_it(tmp_path: Path) -> None:
 
 def test_a_failed_writer_flush_does_not_raise_and_is_retried(tmp_path: Path) -> None:
     storage = FaultyStorage(LocalStorage(tmp_path / "s"), FaultPlan().fail("put", "data/*", times=2))
+    # Data files of their own: the test fails the writes of the flushes' data files.
     store = kvlog.open(storage, create=True, flush_bytes=10 * RECORD, max_unflushed_bytes=100 * RECORD, max_key_bytes=100, max_record_bytes=1000,
-                       flush_interval_ms=20, background_compaction=False)
+                       flush_interval_ms=20, background_compaction=False, commit_inline_bytes=0)
     try:
         for i in range(10):
             store.put(b"k%03d" % i, b"v" * 10)  # the tenth put's flush fails: not an error of the put
