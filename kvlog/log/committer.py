@@ -68,6 +68,11 @@ class FellBehind(StorageBehindError):
 REBUILD_REOPEN = ('reopen the store with on_storage_behind="rebuild" to rebuild its cache from '
                   "storage, losing the commits storage no longer holds")
 
+#: How many attempts of one commit may fail on storage errors before the commit fails: a
+#: backend failing that often (a full disk, a lost network) is not a race to retry for
+#: ``commit_retries`` attempts. The pauses between them (10 ms doubling) add up to 1.3 s.
+_STORAGE_ATTEMPTS = 8
+
 #: The record batches a writer already holds for its own commit, by (file id, batch index):
 #: applying that commit indexes them without reading the file back.
 OwnBatches = dict[tuple[str, int], pa.RecordBatch]
@@ -269,6 +274,7 @@ class Committer:
         if the_log.read_only:
             raise ReadOnlyError("the store is open read-only")
         retries = the_log.config.commit_retries
+        failing = min(retries, _STORAGE_ATTEMPTS)
         with self._commit_lock:
             storage_errors = 0
             last_error: StorageError | None = None
@@ -297,6 +303,8 @@ class Committer:
                 except StorageError as e:
                     storage_errors += 1
                     last_error = e
+                    if storage_errors >= failing:
+                        break
                     continue
                 commit = replace(commit, previous_id=previous)
                 name = commit_name(version)
@@ -316,6 +324,8 @@ class Committer:
                         if not self._landed(name, commit.commit_id, e):
                             storage_errors += 1
                             last_error = e
+                            if storage_errors >= failing:
+                                break
                             continue
                         created = True  # it landed, its answer was lost
                         the_log.refresh()
@@ -333,8 +343,8 @@ class Committer:
                         self._check_follows(commit, version - 1, head)
                     the_log.maybe_checkpoint()
                     return done
-            if last_error is not None and storage_errors == retries:
-                raise StorageError(f"every commit attempt failed: {last_error}") from last_error
+            if last_error is not None and storage_errors >= failing:
+                raise StorageError(f"{storage_errors} commit attempts failed: {last_error}") from last_error
             raise CommitConflictError(f"{retries} attempts lost the race for the next commit version")
 
     def _checked_own_head(self, version: int, head: tuple[int, tuple[int, str, int] | None]) -> str | None:

@@ -13,8 +13,11 @@ import pytest
 from store_support import EXPLICIT_FLUSH, Root
 
 import kvlog
+from kvlog.errors import StorageError
 from kvlog.format.identity import IDENTITY_NAME, STORE_FORMAT, decode_identity
 from kvlog.log.naming import DATA_PREFIX, LOG_PREFIX, commit_name
+from kvlog.storage import LocalStorage
+from kvlog.testing import FaultyStorage, fail
 
 FIXTURE = Path(__file__).resolve().parent.parent / "format" / "fixtures" / "store_v1"
 
@@ -130,3 +133,24 @@ def test_a_format_1_store_opens_read_only_as_it_is_and_a_writer_upgrades_it(tmp_
         assert store.check() == []
     with kvlog.open(root, cache_dir=tmp_path / "fresh", read_only=True) as fresh:
         assert dict(fresh.scan()) == {b"a": b"2", b"b": b"x" * 2000, b"c": b"3"}
+
+
+def test_a_commit_storage_keeps_refusing_fails_after_a_few_attempts_not_commit_retries(tmp_path: Path) -> None:
+    """A full disk refuses the commit that carries a flush: the write fails in about a second
+    (8 attempts), not after ``commit_retries`` pauses of up to a second each; once storage
+    takes writes again, the write lands."""
+    storage = FaultyStorage(LocalStorage(tmp_path / "store"))
+    with kvlog.open(storage, cache_dir=tmp_path / "cache", commit_retries=50, **EXPLICIT_FLUSH) as store:
+        store.put("warm", "v", sync=True)
+        storage.set_plan([fail("put_if_absent", "log/*", times=1000)])
+        started = time.monotonic()
+        with pytest.raises(StorageError, match="8 commit attempts failed"):
+            store.put("k", "v", sync=True)
+        assert time.monotonic() - started < 20
+        refused = [e for e in storage.history if e.fault and e.op == "put_if_absent"]
+        assert len(refused) == 8
+        storage.set_plan(None)
+        store.flush()
+        assert store.get("k") == b"v"
+    with kvlog.open(tmp_path / "store", cache_dir=tmp_path / "fresh", read_only=True) as fresh:
+        assert fresh.get("k") == b"v"
