@@ -2,7 +2,9 @@
 
 A ``KeyboardInterrupt`` is raised at each point, in turn, where a signal can land in the code
 a ``put(sync=True)`` runs through the flusher, the commit signal and the standard library's
-locks and conditions (a trace function raises it where the interpreter would). After each,
+locks and conditions (a trace function raises it where the interpreter would); and the
+``SystemExit`` of a SIGTERM handler (``sys.exit(143)``) at each such point of the commit path
+(appending, committing, checkpointing). After each,
 closing the handle must finish (the exit hook of a program stopped by Ctrl-C does the same),
 every write acknowledged before stays, and the interrupted write is there or not (it was
 never acknowledged), never half.
@@ -20,12 +22,17 @@ from typing import Any
 import pytest
 
 import kvlog
+import kvlog.log.append
+import kvlog.log.checkpoints
+import kvlog.log.committer
 import kvlog.log.flusher
 import kvlog.log.waiting
 
 #: The files whose lines the interrupt lands between: the flusher, the commit signal, and the
 #: standard library's lock and condition code they use.
 TRACED = {kvlog.log.flusher.__file__, kvlog.log.waiting.__file__, threading.__file__}
+#: The commit path's files, where a SIGTERM handler's ``SystemExit`` lands in turn.
+COMMIT_PATH = {kvlog.log.append.__file__, kvlog.log.committer.__file__, kvlog.log.checkpoints.__file__}
 #: Settings with a background flusher and group commit, as by default, kept small.
 SETTINGS: dict[str, Any] = {"partitions": 1, "background_compaction": False}
 CLOSE_S = 30.0
@@ -52,13 +59,16 @@ class InterruptAt:
     traced line instead would also hit points no signal reaches, such as the end of a
     ``with`` block before its ``__exit__`` runs.)"""
 
-    def __init__(self, at: int) -> None:
+    def __init__(self, at: int, traced: set[str] = TRACED,
+                 raised: type[BaseException] = KeyboardInterrupt) -> None:
         self.at = at
+        self.traced = traced
+        self.raised = raised
         self.seen = 0
         self._last: dict[int, int | None] = {}
 
     def __call__(self, frame: FrameType, event: str, arg: object) -> Any:
-        if frame.f_code.co_filename not in TRACED:
+        if frame.f_code.co_filename not in self.traced:
             return None  # no events in other frames
         if event == "call":
             frame.f_trace_opcodes = True
@@ -70,7 +80,7 @@ class InterruptAt:
             if before is not None and code.co_code[before] == CALL and _handler(code, before) == _handler(code, now):
                 self.seen += 1
                 if self.seen == self.at:
-                    raise KeyboardInterrupt
+                    raise self.raised
         return self
 
 
@@ -92,16 +102,17 @@ def _wait_for_a_commit(store: kvlog.Store) -> None:
 STEPS = {"put-sync": _durable_put, "put-then-flush": _put_then_flush, "wait-for-commit": _wait_for_a_commit}
 
 
-def _interrupted_write(path: Path, step: str, at: int) -> bool:
-    """Run ``step`` with an interrupt at point ``at``; close; whether the interrupt came."""
+def _interrupted_write(path: Path, step: str, at: int, traced: set[str] = TRACED,
+                       raised: type[BaseException] = KeyboardInterrupt) -> bool:
+    """Run ``step`` with ``raised`` at point ``at`` of ``traced``; close; whether it came."""
     store = kvlog.open(path, **SETTINGS)
     store.put(b"before", b"1", sync=True)
-    trace = InterruptAt(at)
+    trace = InterruptAt(at, traced, raised)
     interrupted = False
     sys.settrace(trace)
     try:
         STEPS[step](store)
-    except KeyboardInterrupt:
+    except raised:
         interrupted = True
     except RuntimeError as e:
         # CPython's Condition.wait releases the lock in a Python call and takes it back in a
@@ -134,3 +145,12 @@ def test_ctrl_c_at_any_point_leaves_a_handle_that_writes_and_closes(tmp_path: Pa
     while _interrupted_write(tmp_path / f"s{at}", step, at):
         at += 1
     assert at > 20  # the step ran through that many points
+
+
+@pytest.mark.parametrize("step", ["put-sync", "put-then-flush"])
+def test_a_sigterm_handlers_exit_at_any_point_of_the_commit_path_loses_no_acknowledged_write(
+        tmp_path: Path, step: str) -> None:
+    at = 1
+    while _interrupted_write(tmp_path / f"s{at}", step, at, COMMIT_PATH, SystemExit):
+        at += 1
+    assert at > 20  # the commit path ran through that many points
