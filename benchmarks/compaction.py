@@ -743,7 +743,7 @@ def bench_requests(sizes: Sizes, work: Path, server: Any | None) -> dict[str, An
                 "records": int(len(key_indices)), "requests": kinds,
                 "stream_gets": kinds.get("stream", 0),
                 "gets": kinds.get("get", 0) + kinds.get("range_get", 0) + kinds.get("stream", 0),
-                "puts": kinds.get("put", 0) + kinds.get("put_if_absent", 0),
+                "puts": kinds.get("put", 0) + kinds.get("put_if_absent", 0) + kinds.get("swap", 0),
                 "expected_stream_gets": 2 * files,
                 "stream_gets_per_input_file": kinds.get("stream", 0) / files,
                 "compact_s": seconds,
@@ -764,8 +764,8 @@ def bench_requests(sizes: Sizes, work: Path, server: Any | None) -> dict[str, An
             f"L0 files of {sizes.request_records_per_file:,} records (keys drawn from "
             f"{sizes.request_keys:,}, so every file holds every partition); then the difference of "
             f"store.log.storage.requests (a Counter by kind) across one Store.compact(force=True) in "
-            f"the same process. gets = get + range_get + stream; puts = put + put_if_absent (the "
-            f"outputs and the replace commit). Figure: stream GETs per input file over all runs; "
+            f"the same process. gets = get + range_get + stream; puts = put + put_if_absent + swap "
+            f"(the outputs, the replace commit and its copy). Figure: stream GETs per input file over all runs; "
             f"anchor: the design's 2, streams A and B (docs/compaction.rst)."),
         measure("kvlog", "stream GETs per input file", "GETs/file", [per_file], rows=rows),
         [measure("design", "design: 2 per input file", "GETs/file", [2.0])],

@@ -509,8 +509,9 @@ def bench_log_durable_local(ctx: Context) -> list[dict[str, Any]]:
     common = (
         f"Local disk, one thread, time-bounded runs of {ctx.settings.durable_seconds:g} s, a new "
         f"store per run, kvlog and anchor runs alternating. Each flush writes one commit carrying "
-        f"its record as an inline L0 file (put-if-absent: a fsynced temporary file, a hard link, "
-        f"a directory fsync) and applies it to the LMDB cache. Anchor: a "
+        f"its record as an inline L0 file (a conditional swap of the head: a fsynced temporary "
+        f"file, a hard link at the commit's name, a rename over the head under a lock of log/, a "
+        f"directory fsync) and applies it to the LMDB cache. Anchor: a "
         f"new py-lmdb environment with sync=True, metasync=True and one write transaction per "
         f"put (each commit fsyncs)."
     )
@@ -621,8 +622,8 @@ def bench_log_s3(ctx: Context) -> list[dict[str, Any]]:
         f"SeaweedFS {server.endpoint} (weed mini on loopback, started by "
         f"kvlog.testing.SeaweedServer), one thread, time-bounded runs of {s.durable_seconds:g} s, "
         f"a new store prefix and LMDB cache per run, kvlog and anchor runs alternating. A kvlog "
-        f"flush is one conditional PUT of the commit that carries its record inline and one GET "
-        f"of the commit it follows. Anchor: raw "
+        f"flush is one conditional PUT of the head (If-Match), the commit that carries its record "
+        f"inline, and the PUT of the commit's copy at its own name. Anchor: raw "
         f"obstore.put of a 1 KiB object with mode='create' (If-None-Match: *), one after the "
         f"other, to the same server through a separate obstore client."
     )

@@ -164,7 +164,8 @@ class State:
         self.now = max(self.now, commit["ts"])
         previous, self.head_id, self.version = self.head_id, commit["id"], commit["version"]
         if commit.get("prev") is not None and previous is not None and commit["prev"] != previous:
-            return  # written after a gap
+            raise ValueError(f"commit {commit['version']} does not follow the commit before it: "
+                             "the root does not hold one history (restored in part?)")
         kind = commit["kind"]
         try:
             if kind in ("append", "replace"):
@@ -319,8 +320,17 @@ def replay(root: str) -> State:
             state = State.from_checkpoint(body)
             state.head_id = commit["id"]
             break
-    while f"{state.version + 1:020d}.json" in names:
-        state.apply(read_document(os.path.join(log_dir, f"{state.version + 1:020d}.json"), "commit"))
+    # The store's version is the head's (a store of format 1 has no head: its highest commit).
+    if "head.json" in names:
+        newest = read_document(os.path.join(log_dir, "head.json"), "commit")["version"]
+    else:
+        newest = max((int(n[:20]) for n in names if n.endswith(".json") and n[:20].isdigit()
+                      and not n.endswith(".checkpoint.json")), default=0)
+    while state.version < newest:
+        name = f"{state.version + 1:020d}.json"
+        # Only the head's own copy may be missing (its writer died between the swap and the copy).
+        path = os.path.join(log_dir, name if name in names else "head.json")
+        state.apply(read_document(path, "commit"))
     return state
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvlog.errors import CorruptDataError, StorageBehindError, StorageError
+from kvlog.errors import CorruptDataError, StorageError
 from kvlog.format.checksum import crc32c
 from kvlog.format.commit import attached_bytes, decode_commit
 from kvlog.index import IndexReader
 from kvlog.log import Log
+from kvlog.log.head import Head, read_head, storage_behind
 from kvlog.log.naming import LOG_PREFIX, commit_name
-from kvlog.log.opening import storage_behind
 from kvlog.log.reader import records_of_batch
 from kvlog.meta import CleanerState, LiveBatch, LiveFile
 
@@ -35,13 +35,19 @@ def check_store(log: Log, *, deep: bool = False) -> list[str]:
     findings: list[str] = []
     try:
         version = log.refresh()
-    except StorageBehindError as e:  # the next commit does not follow this cache's history
+    except CorruptDataError as e:  # a damaged head, or a history that is not this cache's
         findings.append(str(e))
         version = log.version
-    # A log opened at a named checkpoint stays at its version by design.
-    if log.frozen_at is None and log.storage.exists(commit_name(version + 1)):
-        findings.append(f"commit {version + 1} exists but the cache stopped at {version}")
-    findings.extend(_check_newest_commit(log, version))
+    head: Head | None = None
+    if log.frozen_at is None:  # a log opened at a named checkpoint stays at its version by design
+        try:
+            head = read_head(log.storage)
+        except CorruptDataError as e:
+            if str(e) not in findings:
+                findings.append(str(e))
+        if head is not None and head.version > version:
+            findings.append(f"the head is at version {head.version} but the cache stopped at {version}")
+    findings.extend(_check_newest_commit(log, version, head))
 
     def collect(r: IndexReader) -> tuple[dict[str, LiveFile], dict[int, list[LiveBatch]], dict[int, int], int]:
         files = dict(r.iter_files())
@@ -93,15 +99,16 @@ def check_store(log: Log, *, deep: bool = False) -> list[str]:
     return findings
 
 
-def _check_newest_commit(log: Log, version: int) -> list[str]:
+def _check_newest_commit(log: Log, version: int, head: Head | None) -> list[str]:
     """The newest applied commit is in storage, decodes, and is the one the cache applied; when
     not, the finding names every commit the cache applied that storage lost, as reopening the
-    store would (:class:`~kvlog.errors.StorageBehindError`)."""
+    store would (:class:`~kvlog.errors.StorageBehindError`). ``head``: the head read (None: not
+    read, or damaged)."""
     if version == 0:
         return []
     name = commit_name(version)
-    if log.frozen_at is None:
-        behind = storage_behind(log)
+    if head is not None:
+        behind = storage_behind(log.snapshot(lambda r: r.applied_commit()), head, log.storage.uri)
         if behind is not None:
             return [f"{behind[0]}: {behind[1]}"]
     applied = log.snapshot(lambda r: r.applied_commit())

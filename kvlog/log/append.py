@@ -106,26 +106,18 @@ def _known_duplicates(
     """The original offsets if every batch repeats one the log already holds, else None.
 
     Offsets never change, so a duplicate seen in the cache is final. Checked on the cache, then
-    once more after a refresh (a newer epoch may have fenced us); anything else is written and
-    decided at replay as usual.
-
-    The cache alone answers here, so before it does, storage must still hold the history it
-    applied (``verify_head``, as before a commit). A commit of these batches that landed after
-    a restore gap was applied to the cache before its writer found the gap; the flush failed
-    (the commit taken back, or its check not made) and its batches stay buffered for a retry,
-    which must not acknowledge them as duplicates of a commit no fresh reader ever sees:
-    :class:`~kvlog.errors.StorageBehindError` says so.
+    once more after a refresh (a newer epoch may have fenced us; the refresh also checks the
+    cache against the head); anything else is written and decided at replay as usual. A cache
+    applies only published commits, so a duplicate it knows is of a commit every reader sees.
     """
     if the_log.read_only:
         return None
     results: list[AppendResult] = []
     expiration_ms = the_log.config.producer_id_expiration_ms
-    version = 0
     for fresh in (False, True):
         if fresh:
             the_log.refresh()
-        state, last_ms, version = the_log.snapshot(
-            lambda r: (r.get_producer(producer_id), r.last_commit_ms(), r.version()))
+        state, last_ms = the_log.snapshot(lambda r: (r.get_producer(producer_id), r.last_commit_ms()))
         if state is None:
             return None
         now = max(the_log.clock.now_ms(), last_ms)
@@ -140,7 +132,6 @@ def _known_duplicates(
                 return None
             results.append(AppendResult(decision.duplicate_of.first_offset,
                                         decision.duplicate_of.last_offset, True))
-    the_log.verify_head(version)
     return results
 
 

@@ -10,10 +10,9 @@ then the live cache's tables are replaced by it in one LMDB write transaction
 (:func:`kvlog.meta.transplant.transplant`): readers in this process and in every other
 process sharing the cache see the old version or the new one, never an emptied key index.
 
-How a cache tells that it fell behind, rather than that nothing new landed: commit GC
-deletes commits oldest first and only as one unbroken run, so while the newest commit a
-cache applied is still in storage, no commit after it was collected. Only when that commit
-is gone too, under a newer checkpoint whose commit storage holds, is the cache behind.
+How a cache tells that it fell behind: the next commit it needs, below the head, is
+missing while a newer checkpoint exists (commit GC collects only below the newest
+checkpoint, :meth:`kvlog.log.committer.Committer.apply_landed`).
 """
 
 from __future__ import annotations
@@ -27,30 +26,19 @@ from typing import TYPE_CHECKING, Any
 from kvlog.errors import CorruptDataError, StorageError
 from kvlog.index import check_cache_file
 from kvlog.log.checkpoints import load_checkpoint, newest_checkpoint
-from kvlog.log.naming import commit_name
 from kvlog.meta import MetaTxn, acquire_env, release_env
 from kvlog.meta.transplant import transplant
-from kvlog.storage import Storage
 
 if TYPE_CHECKING:
     from kvlog.log.log import Log
 
-__all__ = ["ASIDE_PREFIX", "catch_up", "fell_behind"]
+__all__ = ["ASIDE_PREFIX", "catch_up"]
 
 log = logging.getLogger("kvlog.log")
 
 #: The directories, inside a cache, where a catch-up builds the cache it moves in:
 #: ``catch-up.<pid>.<token>``.
 ASIDE_PREFIX = "catch-up."
-
-
-def fell_behind(storage: Storage, version: int) -> bool:
-    """Whether a cache at ``version`` whose next commit is missing fell behind commit GC: the
-    commit it applied last was collected too (an empty cache has none), below a newer
-    checkpoint."""
-    if version > 0 and storage.exists(commit_name(version)):
-        return False
-    return newest_checkpoint(storage) > version
 
 
 def catch_up(the_log: Log) -> bool:

@@ -4,10 +4,11 @@
 ends, producers, pending and condemned paths, cleaner state, consumer groups' committed
 offsets, named checkpoints) as the cache had it
 after applying commit ``v``, and the id of that commit. A checkpoint is written
-after its commit and only while storage still holds the history the cache
-applied; an opener passes over a checkpoint whose commit is missing or another
-one (it describes a history the root no longer holds). The key index is never
-checkpointed: it is rebuilt from the live data at the newest version.
+after its commit, by a cache that applied only published commits; an opener
+passes over a checkpoint whose commit is missing or another one (it describes a
+history the root no longer holds, and a checkpoint of the history that follows
+replaces it). The key index is never checkpointed: it is rebuilt from the live
+data at the newest version.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kvlog.format.checksum import crc32c
 from kvlog.format.commit import decode_commit
 from kvlog.format.envelope import decode_document, envelope
 from kvlog.format.producer_state import producer_from_json, producer_to_json
+from kvlog.log.head import read_head
 from kvlog.log.naming import LOG_PREFIX, checkpoint_name, commit_name, parse_log_name
 from kvlog.meta import (
     CleanerState,
@@ -69,16 +71,12 @@ def maybe_checkpoint(the_log: Log) -> None:
 def write_checkpoint(the_log: Log) -> int:
     """Write the full metadata at the applied version as ``log/<version>.checkpoint.json``."""
     known = the_log.checkpoint_rows
-    body, files, batches, seen = the_log.snapshot(lambda r: _checkpoint_body(r, known))
+    (body, files, batches, seen), applied = the_log.snapshot(
+        lambda r: (_checkpoint_body(r, known), r.applied_commit()))
     version = int(body["version"])
-    # A checkpoint describes this cache's history: write it only while storage still holds
-    # that history (a checkpoint of a history a restore removed would mislead every opener).
-    body["commit_id"] = the_log.verify_head(version)
+    body["commit_id"] = applied[1] if applied is not None else None
     the_log.checkpoint_rows = seen
-    try:
-        the_log.storage.put_if_absent(checkpoint_name(version), envelope("checkpoint", _payload(body, files, batches)))
-    except FileExistsError:
-        pass
+    the_log.storage.put(checkpoint_name(version), envelope("checkpoint", _payload(body, files, batches)))
     interval = the_log.config.checkpoint_interval
 
     def record(txn: Any) -> None:
@@ -127,15 +125,17 @@ def load_checkpoint(the_log: Log, version: int, head: tuple[str, int] | None = N
 
 
 def newest_checkpoint(storage: Storage) -> int:
-    """The version of the newest checkpoint in ``storage`` whose commit is present (0: none).
+    """The version of the newest checkpoint in ``storage`` at or below the head whose commit is
+    present (0: none).
 
     A checkpoint is written after its commit, and commit GC keeps the newest checkpoint's
-    commit, so a checkpoint without its commit describes a history the root no longer holds
-    (written by a cache that was ahead of a restored root): it is passed over.
+    commit, so a checkpoint without its commit, or past the head, describes a history the root
+    no longer holds (written by a cache that was ahead of a restored root): it is passed over.
     """
     names = {info.name for info in storage.list(LOG_PREFIX)}
+    head = read_head(storage).version
     versions = sorted((parsed[0] for parsed in map(parse_log_name, names)
-                       if parsed and parsed[1] == "checkpoint"), reverse=True)
+                       if parsed and parsed[1] == "checkpoint" and parsed[0] <= head), reverse=True)
     for version in versions:
         if commit_name(version) in names:
             return version

@@ -1,14 +1,17 @@
-"""The commit protocol: taking the next version with put-if-absent, and applying commits.
+"""The commit protocol: publishing a commit with one conditional swap of the head, and
+applying commits.
 
-A commit is written as ``log/<v+1>`` with put-if-absent, the single atomic switch
-that makes what it describes live; then every commit up to it is applied to the
-metadata cache, in version order, by the deterministic rules of
-:mod:`kvlog.log.replay`. A writer learns what its commit decided (its outcome)
-from the cache after applying it, exactly as every other reader does.
+A commit becomes live when its writer swaps the head (:mod:`kvlog.log.head`) from the
+version its cache applied to the commit's bytes, which also leaves the commit at its own
+name, ``log/<v>.json``. Then every commit up to it is applied to the metadata cache, in
+version order, by the deterministic rules of :mod:`kvlog.log.replay`. A writer learns what
+its commit decided (its outcome) from the cache after applying it, exactly as every other
+reader does.
 
-Around the switch, the committer checks that storage still holds the history the
-cache applied (see :meth:`Committer.verify_head`): put-if-absent cannot tell a
-free name from one whose commit vanished (a root restored from an older copy).
+Everything about the history is decided here, in three places: a refused swap (another
+writer won, or the cache is stale), a lost answer (:meth:`Committer._landed`), and the
+history check as commits are applied (:meth:`Committer.apply_landed`: the head against the
+cache, then each commit's ``prev`` against the commit before it).
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from kvlog.errors import (
     CommitConflictError,
     CommitStateUnknownError,
     CorruptDataError,
-    KvlogError,
     ReadOnlyError,
     StorageBehindError,
     StorageError,
@@ -34,34 +36,21 @@ from kvlog.format.checksum import crc32c
 from kvlog.format.commit import Commit, FileEntry, decode_commit, encode_commit
 from kvlog.format.datafile import decode_batch, make_record_batch
 from kvlog.index import runs_pending
-from kvlog.log.catch_up import catch_up, fell_behind
+from kvlog.log.catch_up import catch_up
 from kvlog.log.checkpoints import newest_checkpoint
-from kvlog.log.lineage import followed_by, left_behind, link_broken
+from kvlog.log.head import HEAD_NAME, Head, read_head, storage_behind
 from kvlog.log.naming import commit_name
-from kvlog.log.replay import apply_commit, apply_stray
+from kvlog.log.replay import apply_commit
 from kvlog.log.waiting import CommitSignal
 from kvlog.meta import CommitOutcome, MetaTxn
+from kvlog.storage import SwapConflict
 
 if TYPE_CHECKING:
     from kvlog.log.log import Log
 
-__all__ = ["Committer", "FellBehind", "OwnBatches"]
+__all__ = ["Committer", "OwnBatches", "REBUILD_REOPEN"]
 
 log = logging.getLogger("kvlog.log")
-
-#: Why a cache that fell behind commit GC could not go on: the commits after its head are
-#: gone. The store's history is whole, and the cache catches up from the newest checkpoint
-#: (:mod:`kvlog.log.catch_up`) before this is raised, so the same call made again goes on.
-_BEHIND_WINDOW = (
-    "this cache fell behind the commit retention window (the commits after the newest one it "
-    "applied were collected below a newer checkpoint) and caught up from the checkpoint; "
-    "nothing was {done}: try again, or keep commits longer with a larger commit_retention_ms"
-)
-
-
-class FellBehind(StorageBehindError):
-    """A cache that fell behind commit GC met it in the middle of a step, caught up from the
-    newest checkpoint, and abandoned the step (nothing written): it can be made again."""
 
 #: What a writer that found storage behind its cache tells its caller: reopening refuses the
 #: cache (:class:`StorageBehindError`) until the loss of the commits storage lost is accepted.
@@ -79,7 +68,7 @@ OwnBatches = dict[tuple[str, int], pa.RecordBatch]
 
 
 class Committer:
-    """Writes commits at the next free version and applies every landed commit to the cache."""
+    """Publishes commits by swapping the head and applies every published commit to the cache."""
 
     def __init__(self, the_log: Log) -> None:
         self._log = the_log
@@ -93,69 +82,88 @@ class Committer:
         #: Some appended data was compacted away before this cache indexed it: the key index is
         #: rebuilt once caught up.
         self.index_stale = False
-        #: ``(version, commit id)`` of a head whose link to the commit before it was checked
-        #: in storage after it landed: :meth:`verify_head` need not read that commit again.
-        self._linked: tuple[int, str] | None = None
-        #: ``(version, commit id)`` of the newest commit this writer created and checked after
-        #: it landed (:meth:`_verify_follows`): the next commit need not read it before writing.
-        self._own_head: tuple[int, str] | None = None
-        #: A commit this writer created whose check after it landed (:meth:`_verify_follows`)
-        #: raised before it could decide: ``(commit, version it follows, head)``, checked again
-        #: before this cache is trusted to write or answer (:meth:`verify_head`).
-        self._unverified: tuple[Commit, int, tuple[int, tuple[int, str, int] | None]] | None = None
-        #: Set once a commit this writer created was found to follow a gap: this cache applied
-        #: it, so it is out of date for good (:meth:`verify_head` raises until it is reopened).
-        self._gap: tuple[str, str] | None = None
+        #: The head as this process last read or swapped it: the next swap is conditional on it.
+        self._head: Head | None = None
 
     # -- applying ---------------------------------------------------------------------------------
     def apply_landed(self) -> int:
-        """Apply every commit that landed after the applied version; return the new version."""
+        """Apply every commit up to the head; return the new version.
+
+        The head is checked against the cache first (:func:`~kvlog.log.head.storage_behind`),
+        then each commit against the one before it, which it names (``prev``). A commit
+        missing below the head is one commit GC collected while this cache was behind (the
+        cache catches up from the newest checkpoint, past it) or a damaged history
+        (:class:`StorageBehindError`). The head's own commit is applied once its copy is at its
+        name (where its inline file is read): a writer puts the copy there if a writer that
+        swapped the head died before it did; a read-only cache waits for the next writer.
+        """
         the_log = self._log
+        storage = the_log.storage
         with self.apply_lock:
-            version = the_log.version
+            head = read_head(storage, self._head)
+            self._head = head
             while True:
+                version: int
+                applied: tuple[int, str, int] | None
+                version, applied = the_log.snapshot(lambda r: (r.version(), r.applied_commit()))
+                if head.version < version:
+                    # Another process sharing the cache applied commits published after the head
+                    # was read: read it again (it only moves on, unless the root was restored).
+                    head = self._head = read_head(storage, head)
+                behind = storage_behind(applied, head, storage.uri)
+                if behind is not None:
+                    raise StorageBehindError(behind[0], f"{behind[1]}: {REBUILD_REOPEN}")
+                if version >= head.version:
+                    return version
                 name = commit_name(version + 1)
                 try:
-                    data = the_log.storage.read(name)
+                    data = storage.read(name)
+                    if version + 1 == head.version and crc32c(data) != head.crc:
+                        if the_log.read_only:
+                            raise CorruptDataError(name, "differs from the head, which holds that commit")
+                        raise FileNotFoundError(name)  # damaged, or left by a history the head lost
                 except FileNotFoundError:
-                    if not fell_behind(the_log.storage, version) or not self.catch_up():
-                        return version
-                    version = the_log.version
-                    continue
+                    if version + 1 == head.version:
+                        if the_log.read_only:
+                            return version  # its writer died before the copy: the next writer makes it
+                        storage.put(name, head.data)
+                        data = head.data
+                    elif newest_checkpoint(storage) > version:
+                        # Caught up here, or by another handle sharing the cache meanwhile.
+                        if not self.catch_up() and the_log.version == version:
+                            raise StorageBehindError(name, "a commit below the newest checkpoint is "
+                                                     "missing and the checkpoint could not be loaded") from None
+                        continue
+                    else:
+                        raise StorageBehindError(name, (
+                            f"is missing from the storage root {storage.uri}, below its head (version "
+                            f"{head.version}): the history was restored in part, or damaged; "
+                            + REBUILD_REOPEN)) from None
                 commit = decode_commit(name, data)
                 if commit.version != version + 1:
                     raise CorruptDataError(name, f"holds version {commit.version}")
-                try:
-                    self._apply(commit, crc32c(data), self._log.snapshot(lambda r: r.applied_commit()), data)
-                except FellBehind:
-                    version = the_log.version  # caught up: go on from there
-                    continue
-                version += 1
+                if applied is not None and commit.previous_id not in (None, applied[1]):
+                    raise StorageBehindError(name, (
+                        f"follows commit {commit.previous_id}, but this cache applied commit {applied[1]} "
+                        f"at version {applied[0]}: the storage root holds another history (restored "
+                        "from an older copy?): " + REBUILD_REOPEN))
+                self._apply(commit, crc32c(data), data)
 
     def catch_up(self) -> bool:
         """Catch this cache up from the newest checkpoint after it fell behind commit GC
-        (:mod:`kvlog.log.catch_up`); whether it moved forward. What this committer remembered
-        of the history it left is dropped with it."""
+        (:mod:`kvlog.log.catch_up`); whether it moved forward."""
         with self.apply_lock:
             if not catch_up(self._log):
                 return False
-            self._linked = self._own_head = self._unverified = self._gap = None
             self.index_stale = False
             self._log.checkpoint_rows = {}
         self.signal.notify()
         return True
 
-    def _behind(self, name: str, done: str) -> FellBehind:
-        """The error for a step that met commit GC past this cache, once the cache caught up."""
-        self.catch_up()
-        return FellBehind(name, _BEHIND_WINDOW.format(done=done))
-
-    def _apply(self, commit: Commit, crc: int, applied: tuple[int, str, int] | None,
-               held: bytes | None = None) -> CommitOutcome | None:
+    def _apply(self, commit: Commit, crc: int, held: bytes | None = None) -> CommitOutcome | None:
         """Apply ``commit`` (``crc``: the CRC32C of its bytes, ``held``: those bytes, where the
         batches of an inline file are read from) if the cache is at the version before it;
-        return the outcome it decided (None: the cache was elsewhere). ``applied`` is the
-        cache's head (:meth:`MetaReader.applied_commit`), read under :attr:`apply_lock`."""
+        return the outcome it decided (None: the cache was elsewhere)."""
         the_log = self._log
         own = self._own.get(commit.commit_id, {})
         name = commit_name(commit.version)
@@ -178,16 +186,11 @@ class Committer:
             return decode_batch(file.path, data, loc)
 
         missing: list[str] = []
-        stray = self._is_stray(commit, applied)
 
         def work(txn: Any) -> tuple[int, CommitOutcome] | None:
             meta = MetaTxn(the_log.env, txn)
             if meta.version() != commit.version - 1:
                 return None
-            if stray:
-                outcome = apply_stray(meta, commit)
-                meta.set_applied_commit(commit.version, commit.commit_id, crc)
-                return runs_pending(meta), outcome
             missing.clear()
             # An index marked for rebuilding is not maintained meanwhile (the rebuild reads the
             # live data at the newest version; files of older versions may be gone).
@@ -211,41 +214,6 @@ class Committer:
             the_log.settle_index()
         return outcome
 
-    def _is_stray(self, commit: Commit, applied: tuple[int, str, int] | None) -> bool:
-        """Whether ``commit`` was written after a gap: it names another predecessor than the
-        commit at the version before, which storage holds as this cache applied it.
-
-        Every reader whose cache agrees with storage decides the same, so refusing it keeps
-        replay deterministic; a cache that applied another commit than storage holds is itself
-        out of date, and :class:`StorageBehindError` says so.
-        """
-        the_log = self._log
-        if (commit.previous_id is None or applied is None or applied[0] != commit.version - 1
-                or applied[1] == commit.previous_id):
-            return False
-        name = commit_name(applied[0])
-        try:
-            holds = crc32c(the_log.storage.read(name)) == applied[2]
-        except FileNotFoundError:
-            if newest_checkpoint(the_log.storage) > commit.version:
-                # The commit this cache applied was taken back by its writer (it had landed in
-                # a version commit GC freed) and the history it left was collected below a
-                # checkpoint: the store is whole, this cache is behind it.
-                raise self._behind(commit_name(commit.version), "written") from None
-            holds = False
-        if holds and left_behind(the_log.storage, applied[0]):
-            raise self._behind(name, "written")
-        if holds:
-            log.warning("commit %s does not follow %s (written after a gap, when the root was "
-                        "restored): refused", commit_name(commit.version), name)
-            return True
-        raise StorageBehindError(
-            commit_name(commit.version),
-            f"follows commit {commit.previous_id}, but this cache applied commit {applied[1]} at "
-            f"version {applied[0]}, which the storage root no longer holds (restored from an older "
-            "copy?): " + REBUILD_REOPEN,
-        )
-
     def outcome(self, commit_id: str) -> CommitOutcome | None:
         """What applying commit ``commit_id`` decided, if it was applied here recently."""
         found: CommitOutcome | None = self._log.snapshot(lambda r: r.get_outcome(commit_id))
@@ -253,22 +221,11 @@ class Committer:
 
     # -- committing -------------------------------------------------------------------------------
     def commit(self, build: Callable[[int], Commit], own: OwnBatches | None = None) -> CommitOutcome:
-        """Write the commit ``build(version)`` at the next free version and return its outcome.
+        """Publish the commit ``build(version)`` at the next version and return its outcome.
 
         ``build`` is called again for each attempt (it may re-validate, raising to abort) and must
-        keep the same commit id, by which a commit whose outcome was unknown is recognised. A
-        cache found behind commit GC on the way catches up and the commit is made again.
+        keep the same commit id, by which a commit whose outcome was unknown is recognised.
         """
-        tries = 3
-        while True:
-            try:
-                return self._commit(build, own)
-            except FellBehind:
-                tries -= 1
-                if not tries:
-                    raise
-
-    def _commit(self, build: Callable[[int], Commit], own: OwnBatches | None) -> CommitOutcome:
         the_log = self._log
         the_log.check_open()
         if the_log.read_only:
@@ -278,301 +235,114 @@ class Committer:
         with self._commit_lock:
             storage_errors = 0
             last_error: StorageError | None = None
-            for attempt in range(retries):
+            for _attempt in range(retries):
                 if storage_errors:
                     # Back off from a failing backend (not from a lost race): 10 ms doubling to 1 s.
                     _pause(min(0.01 * 2 ** (storage_errors - 1), 1.0))
-                # The first attempt takes the version after the applied one without asking
-                # storage: if another writer took it, put-if-absent refuses, and the retry reads.
-                # The head is read in the same snapshot: the commit at that version.
-                if attempt == 0:
-                    head: tuple[int, tuple[int, str, int] | None] = the_log.snapshot(
-                        lambda r: (r.version(), r.applied_commit()))
-                else:
-                    head = the_log.refresh(), None
-                version = head[0] + 1
-                commit = build(version)
-                done = self.outcome(commit.commit_id)
-                if done is not None:
-                    return done
                 try:
-                    self._check_own_commits()
-                    previous = self._checked_own_head(version - 1, head)
-                    if previous is None:
-                        previous = self.verify_head(version - 1)
+                    head = self._current_head()
+                except StorageBehindError:
+                    raise
                 except StorageError as e:
                     storage_errors += 1
                     last_error = e
                     if storage_errors >= failing:
                         break
                     continue
-                commit = replace(commit, previous_id=previous)
+                version = head.version + 1
+                commit = replace(build(version), previous_id=head.commit_id)
+                done = self.outcome(commit.commit_id)
+                if done is not None:
+                    return done
                 name = commit_name(version)
                 if own:
                     self._own[commit.commit_id] = own
-                created = checked = False
                 decided: CommitOutcome | None = None
                 try:
                     data = encode_commit(commit)
                     try:
-                        the_log.storage.put_if_absent(name, data)
-                        self.commits_written += 1
-                        created = True
-                    except FileExistsError:
-                        the_log.refresh()  # another writer took this version; ours may have landed earlier
+                        token = the_log.storage.swap(HEAD_NAME, data, head.token, copy_to=name)
+                    except SwapConflict:
+                        the_log.refresh()  # another writer won; or ours landed and its answer was lost
                     except StorageError as e:
-                        if not self._landed(name, commit.commit_id, e):
+                        if not self._landed(version, commit.commit_id, e):
                             storage_errors += 1
                             last_error = e
                             if storage_errors >= failing:
                                 break
                             continue
-                        created = True  # it landed, its answer was lost
                         the_log.refresh()
                     else:
-                        # Checked before it is applied here: a commit that landed in a version
-                        # commit GC had freed is taken back before this cache ever applies it.
-                        self._check_follows(commit, version - 1, head)
-                        checked = True
-                        decided = self._apply_created(decode_commit(name, data), crc32c(data), data)
+                        self.commits_written += 1
+                        crc = crc32c(data)
+                        self._head = Head(version, commit.commit_id, crc, token, data)
+                        decided = self._apply_created(decode_commit(name, data), crc, data)
                 finally:
                     self._own.pop(commit.commit_id, None)
                 done = decided if decided is not None else self.outcome(commit.commit_id)
                 if done is not None:
-                    if created and not checked:
-                        self._check_follows(commit, version - 1, head)
                     the_log.maybe_checkpoint()
                     return done
             if last_error is not None and storage_errors >= failing:
                 raise StorageError(f"{storage_errors} commit attempts failed: {last_error}") from last_error
             raise CommitConflictError(f"{retries} attempts lost the race for the next commit version")
 
-    def _checked_own_head(self, version: int, head: tuple[int, tuple[int, str, int] | None]) -> str | None:
-        """The id of commit ``version`` when it is the commit this writer created last, checked
-        after it landed, and still the head this cache applied; else None (read it in storage).
-        ``head``: the applied version and head read in one snapshot (the head unread: None).
-
-        Skipping the read is safe because every commit is checked after it lands
-        (:meth:`_verify_follows` reads the commit it follows): a restore that removed or
-        replaced this head since it was checked is found there, and the commit written on top
-        is taken back before anything is acknowledged.
-        """
-        own = self._own_head
-        if own is None or own[0] != version:
-            return None
-        applied = head[1] if head[0] == version else None
-        if applied is None:
-            applied = self._log.snapshot(lambda r: r.applied_commit())
-        if applied is None or (applied[0], applied[1]) != own:
-            return None
-        return own[1]
-
-    def _apply_created(self, commit: Commit, crc: int, data: bytes) -> CommitOutcome | None:
-        """Apply ``commit``, which this writer just created (``crc``: the CRC32C of ``data``, its
-        bytes), and return the outcome applying it here decided (None: the cache was elsewhere).
-
-        A put-if-absent that succeeded proves storage holds exactly these bytes at that
-        version: the commit is decoded from them and applied, not read back. If the cache moved on
-        meanwhile (another thread refreshed it from storage), it is caught up as usual.
-        """
+    def _current_head(self) -> Head:
+        """The head this cache applied, as the next swap expects it: the one this process last
+        read or swapped while the cache is still at it, else read again (and applied up to)."""
         the_log = self._log
         with self.apply_lock:
+            head = self._head
             version, applied = the_log.snapshot(lambda r: (r.version(), r.applied_commit()))
-            decided = self._apply(commit, crc, applied, data) if version == commit.version - 1 else None
+            if head is not None and head.version == version and (
+                    applied is None or applied[1] == head.commit_id):
+                return head
+            the_log.refresh()
+            head = self._head
+            assert head is not None
+            return head
+
+    def _apply_created(self, commit: Commit, crc: int, data: bytes) -> CommitOutcome | None:
+        """Apply ``commit``, which this writer just published (``crc``: the CRC32C of ``data``,
+        its bytes), and return the outcome applying it here decided (None: the cache was
+        elsewhere). A swap that succeeded proves the head holds exactly these bytes: the commit
+        is decoded from them, not read back. If the cache moved on meanwhile (another process
+        sharing it applied the commit), the outcome is read from the cache."""
+        the_log = self._log
+        with self.apply_lock:
+            version = the_log.version
+            decided = self._apply(commit, crc, data) if version == commit.version - 1 else None
             if (decided is None and the_log.version < commit.version) or self.index_stale:
                 the_log.refresh()
             return decided
 
-    def verify_head(self, version: int) -> str | None:
-        """Before writing commit ``version + 1``: check that commit ``version``, the newest this
-        cache applied, is still in storage as applied, and return its id.
+    def _landed(self, version: int, commit_id: str, cause: StorageError) -> bool:
+        """After a swap that failed with ``cause``: whether our commit ``version`` is live.
 
-        Commit names are taken with put-if-absent, which cannot tell a free name from one whose
-        commit vanished: a root restored from an older copy, or commits collected after a
-        checkpoint while this cache slept. Writing on would put an acknowledged commit after a
-        gap that no fresh reader ever crosses. A cache that merely fell behind the retention
-        window catches up from the newest checkpoint; otherwise :class:`StorageBehindError`.
+        The head tells while it holds our commit or one before it. Once it moved past, the
+        commit at our version (its copy, which every swap leaves before the head moves on) is
+        ours or another writer's; if commit GC collected it already, nobody can tell.
         """
-        self._check_own_commits()
-        if version == 0:
-            if fell_behind(self._log.storage, 0):
-                raise self._behind(commit_name(1), "written")  # commit 1 was collected
-            return None
-        the_log = self._log
-        applied: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_commit())
-        name = commit_name(version)
-        try:
-            data = the_log.storage.read(name)
-        except FileNotFoundError:
-            if applied is not None and applied[0] == version and \
-                    followed_by(the_log.storage, version, applied[1]):
-                # Collected below a checkpoint under a successor that follows it: storage holds
-                # this cache's history, which is merely behind (the write at the next version is
-                # refused as taken, and the retry applies what landed).
-                return applied[1]
-            if newest_checkpoint(the_log.storage) > version:
-                raise self._behind(name, "written") from None
-            raise StorageBehindError(
-                name, "the newest commit this cache applied is missing from storage (restored from an "
-                "older copy, or damaged); nothing was written: " + REBUILD_REOPEN,
-            ) from None
-        if applied is None or applied[0] != version:
-            return decode_commit(name, data).commit_id
-        if crc32c(data) != applied[2]:
-            raise StorageBehindError(
-                name, "differs from the commit this cache applied at that version (restored from an "
-                "older copy, or damaged); nothing was written: " + REBUILD_REOPEN,
-            )
-        if self._linked != (applied[0], applied[1]):
-            self._verify_link(version)
-            self._linked = (applied[0], applied[1])
-        return applied[1]
-
-    def _check_own_commits(self) -> None:
-        """Refuse to trust this cache while a commit this writer created is known to follow a
-        gap, or was never checked after it landed (then check it now).
-
-        The link check of :meth:`verify_head` looks one commit back from the head, and that is
-        not enough once another writer's commit lands on top of ours: a writer of the lost
-        history whose own check failed leaves its commit after the gap, this cache applies it
-        as a refused no-op, and the head's link to our commit holds. Writing on would put
-        acknowledged commits, and checkpoints that fresh readers start from, on top of a gap.
-        """
-        if self._gap is not None:
-            raise StorageBehindError(*self._gap)
-        pending = self._unverified
-        if pending is not None:
-            self._verify_follows(*pending)
-            if self._unverified is pending:
-                self._unverified = None
-
-    def _verify_link(self, version: int) -> None:
-        """Check that the commit this cache applied before its head ``version`` is still in
-        storage as applied (or was collected below a checkpoint that covers the head).
-
-        The head alone proves nothing when it landed after a restore removed the commit it
-        follows and its writer could not check that (a failed read, a crash before the check):
-        a cache of the lost history applies such a commit like any other, and writing on top of
-        it would acknowledge commits and checkpoints that name data files the restore removed.
-        """
-        before: tuple[int, str, int] | None = self._log.snapshot(lambda r: r.applied_before())
-        if before is None or before[0] != version - 1:
-            return
-        broken = link_broken(self._log.storage, version, before)
-        if broken is not None:
-            raise StorageBehindError(
-                commit_name(version - 1), f"{broken}, but this cache applied it before its newest "
-                f"commit {commit_name(version)} (the storage root was restored from an older copy while "
-                "that commit was on its way); nothing was written: " + REBUILD_REOPEN,
-            )
-
-    def _check_follows(self, commit: Commit, previous: int,
-                       head: tuple[int, tuple[int, str, int] | None]) -> None:
-        """:meth:`_verify_follows`, remembered as unverified until it decides (a check that
-        raised before deciding is made again before this cache is trusted)."""
-        self._unverified = (commit, previous, head)
-        self._verify_follows(commit, previous, head)
-        self._unverified = None
-
-    def _verify_follows(self, commit: Commit, previous: int,
-                        head: tuple[int, tuple[int, str, int] | None]) -> None:
-        """After ``commit`` landed: check that the commit it follows is still in storage, so it
-        is not acknowledged after a gap (a root restored while it was on its way).
-
-        Otherwise the commit, which no fresh reader can reach, is taken back (deleted: only its
-        writer does that, and only a cache of the lost history could have applied it) and
-        :class:`StorageBehindError` is raised; nothing is acknowledged. ``head``: the applied
-        version and head read before writing (the head unread: None); when the commit read now
-        has the bytes of that head, which ``commit`` follows, it need not be decoded.
-        """
-        if previous != 0 and commit.previous_id is None:
-            return
         storage = self._log.storage
-        own = commit_name(commit.version)
-        name = commit_name(previous) if previous else own
-        known = head[1] if head[0] == previous else None
-        missing = False
-        try:
-            if previous == 0:
-                # The first commit has nothing before it to read. It took a version commit GC
-                # freed (its writer's cache was empty while others wrote, checkpointed and
-                # collected) when a checkpoint exists and no commit after it names it.
-                missing = True
-                follows = followed_by(storage, commit.version, commit.commit_id) or \
-                    newest_checkpoint(storage) == 0
-            else:
-                data = storage.read(name)
-                if known is not None and known[0] == previous and known[1] == commit.previous_id \
-                        and crc32c(data) == known[2]:
-                    follows = True
-                else:
-                    follows = decode_commit(name, data).commit_id == commit.previous_id
-        except FileNotFoundError:
-            missing = True
-            follows = followed_by(storage, commit.version, commit.commit_id) or \
-                self._collected_after(own)
-        if follows:
-            self._linked = self._own_head = (commit.version, commit.commit_id)
-            return
-        taken_back = False
-        try:
-            if decode_commit(own, storage.read(own)).commit_id == commit.commit_id:
-                storage.delete(own)
-                taken_back = True
-        except (FileNotFoundError, KvlogError) as e:
-            log.warning("could not take back commit %s written after a gap: %s", own, e)
-        self._unverified = None
-        applied = self._log.snapshot(lambda r: r.applied_commit())
-        if missing and newest_checkpoint(storage) > previous:
-            # Commit GC collected the history up to a checkpoint past this cache's head and
-            # freed the version this commit took: the cache is behind, not of a lost history.
-            # Caught up from that checkpoint, it never crosses this commit (if it was not taken
-            # back), and the commit can be written again at the head.
-            raise self._behind(name, "acknowledged")
-        reason = (f"is no longer the commit {own} follows (the storage root was restored "
-                  "while the commit was on its way); nothing was acknowledged: " + REBUILD_REOPEN)
-        if not taken_back or (applied is not None and applied[0] >= commit.version):
-            # This cache applied the commit, or may yet (it is still in storage): out of date
-            # for good.
-            self._gap = (name, reason)
-        raise StorageBehindError(name, reason)
-
-    def _collected_after(self, own: str) -> bool:
-        """Whether the missing predecessor of commit ``own``, which no later commit names, was
-        collected after ``own`` landed (False: ``own`` took a version commit GC had freed).
-
-        Commit GC deletes oldest first and keeps the commit right below the newest checkpoint,
-        so once the predecessor is gone the commit after ``own`` exists, and it goes only after
-        ``own``. While ``own`` is still there, nothing names it: it landed in a freed version.
-        Once ``own`` is gone too, whether a reader ever crossed it cannot be told.
-        """
-        if self._log.storage.exists(own):
-            return False
-        raise CommitStateUnknownError(
-            f"commit {own} and the commits around it were collected before its writer could check "
-            "that it follows the commit before it; nothing was acknowledged: reopen the store and "
-            "read back what it holds, and keep commits longer than a writer's pauses with a larger "
-            "commit_retention_ms"
-        )
-
-    def _landed(self, name: str, commit_id: str, cause: StorageError) -> bool:
-        """After a failed put-if-absent: whether our commit is there (re-read until known)."""
         last: Exception = cause
         for _ in range(5):
             try:
-                data = self._log.storage.read(name)
-            except FileNotFoundError:
-                return False
+                head = read_head(storage)
+                if head.commit_id == commit_id or head.version < version:
+                    return head.commit_id == commit_id
+                name = commit_name(version)
+                try:
+                    return decode_commit(name, storage.read(name)).commit_id == commit_id
+                except FileNotFoundError:
+                    break
             except StorageError as e:
                 last = e
-                continue
-            return decode_commit(name, data).commit_id == commit_id
         raise CommitStateUnknownError(
-            f"could not learn whether {name} landed; reopen the store before resending"
+            f"could not learn whether commit {commit_name(version)} landed; reopen the store and "
+            "read back what it holds before resending"
         ) from last
 
 
 def _pause(seconds: float) -> None:
     """Wait ``seconds`` (an event wait, so no module reads the clock to sleep)."""
     threading.Event().wait(seconds)
-

@@ -40,11 +40,9 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
         raise ReadOnlyError("the store is open read-only")
     storage, config = the_log.storage, the_log.config
     now = the_log.clock.now_ms() if now_ms is None else now_ms
-    the_log.refresh()
-    # Deleting trusts this cache's view of what is live and what was replaced: a cache ahead
-    # of a restored root would delete files the restored history needs.
-    version = the_log.version
-    the_log.verify_head(version)
+    # Deleting trusts this cache's view of what is live and what was replaced: refreshing
+    # checks it against the head (a cache ahead of a restored root raises).
+    version = the_log.refresh()
     deleted = {"replaced": 0, "orphans": 0, "commits": 0}
     pending = dict(the_log.snapshot(lambda r: list(r.iter_pending())))
     live_paths = set(the_log.snapshot(lambda r: [e.path for _fid, e in r.iter_files()]))
@@ -91,32 +89,26 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
     # listed first: a pin of a version older than a listed metadata checkpoint landed before it.
     the_log.refresh()
     kept = the_log.snapshot(kept_log_names)
-    checkpoints = [v for parsed, _i in entries if parsed and parsed[1] == "checkpoint" for v in [parsed[0]]]
+    # Checkpoints of this cache's history only: one past its version was written by a cache of
+    # a history a restore of the head removed.
+    checkpoints = [v for parsed, _i in entries if parsed and parsed[1] == "checkpoint" and parsed[0] <= version
+                   for v in [parsed[0]]]
     if checkpoints:
         newest = max(checkpoints)
         newest_info = next(i for parsed, i in entries if parsed == (newest, "checkpoint"))
         horizon = newest_info.mtime_ms - config.commit_retention_ms
-        # Oldest first, and commits only as one unbroken run from the oldest, so the commits
-        # left are contiguous whenever this stops (a crash, a failed delete, a commit too young).
-        # A commit collected while an older one stays would stop an opener's replay at a head
-        # that storage still holds, below the checkpoint, and a write from there would take a
-        # freed version that no reader starting from the checkpoint ever crosses.
-        commits_contiguous = True
         named = sorted(((parsed, info) for parsed, info in entries if parsed is not None), key=lambda e: e[0])
         # A commit that carries an inline file stays while the file is live, replaced but not
         # yet due, or read by a view (the compactor moves inline files into data files).
         in_use = live_paths | waiting | pinned
         for (at, kind), info in named:
-            # The commit right below the newest checkpoint stays with the checkpoint's own: a
-            # writer that landed the checkpoint's commit, or a cache at the version below it,
-            # reads it to tell its history was collected (the next commit names it), not lost.
-            due = at < (newest - 1 if kind == "commit" else newest) and info.mtime_ms < horizon \
-                and info.name not in kept
+            # Below the newest checkpoint only (whose own commit stays: an opener reads it), and
+            # in any order: a cache that needs a collected commit catches up from the checkpoint.
+            # No writer ever writes a freed name again: names are written after a swap of the head.
+            due = at < newest and info.mtime_ms < horizon and info.name not in kept
             if kind == "commit":
                 # Only commits this cache applied: it knows which of those carry a live file.
                 due = due and at <= version and info.name not in in_use and not the_log.pins.protects(info.name)
-                commits_contiguous = commits_contiguous and due
-                due = commits_contiguous
             if due:
                 storage.delete(info.name)
                 deleted["commits"] += 1

@@ -11,7 +11,7 @@ its responsibilities lives in a module of its own:
 * :mod:`kvlog.log.opening` — opening a log and catching its cache up with storage.
 
 Commit order, and why (see docs/log.rst): a data file is written first, under a fresh
-name nobody references; then ``log/<v+1>.json`` is created with put-if-absent,
+name nobody references; then the head is swapped to the commit (``kvlog.log.head``),
 the single atomic switch that makes the file's batches live; then the commit
 is applied to the LMDB cache. A crash before the commit leaves an orphan file
 for GC; a crash after it loses nothing, since the cache is rebuilt from the
@@ -37,7 +37,7 @@ from kvlog.format.identity import Identity
 from kvlog.index import IndexEntry, IndexReader, KeyIndex, RebuildChunk, RecordExpired
 from kvlog.log import append, checkpoints, gc, producer_handle, waiting
 from kvlog.log.append import PendingBatch
-from kvlog.log.committer import Committer, FellBehind, OwnBatches
+from kvlog.log.committer import Committer, OwnBatches
 from kvlog.log.pins import registry_for
 from kvlog.log.producer_handle import Producer
 from kvlog.log.reader import (
@@ -350,11 +350,6 @@ class Log:
         """What applying commit ``commit_id`` decided, if it was applied here recently."""
         return self._committer.outcome(commit_id)
 
-    def verify_head(self, version: int) -> str | None:
-        """The id of commit ``version`` after checking storage still holds it as this cache
-        applied it (see ``kvlog.log.committer.Committer.verify_head``)."""
-        return self._committer.verify_head(version)
-
     @property
     def commits_written(self) -> int:
         """Commits this process wrote."""
@@ -402,12 +397,8 @@ class Log:
         checkpoints.maybe_checkpoint(self)
 
     def write_checkpoint(self) -> int:
-        """Write the full metadata at the applied version as ``log/<version>.checkpoint.json``
-        (once more at the new version if the cache had fallen behind commit GC and caught up)."""
-        try:
-            return checkpoints.write_checkpoint(self)
-        except FellBehind:
-            return checkpoints.write_checkpoint(self)
+        """Write the full metadata at the applied version as ``log/<version>.checkpoint.json``."""
+        return checkpoints.write_checkpoint(self)
 
     def catch_up(self) -> bool:
         """Catch the cache up from the newest checkpoint, built beside it and moved in whole

@@ -1,11 +1,11 @@
 """Opening a log: the store's identity, its metadata cache, and catching up with storage.
 
 Opening reads (or creates) the identity document, acquires the LMDB cache, and
-brings it up to date: a cache of another store is reset, one ahead of or apart
-from the storage root (a root restored from an older copy) is refused with
-:class:`StorageBehindError` naming the lost commits (or rebuilt, when the caller
-accepts the loss), one behind the newest checkpoint reloads from it, and then every
-later commit is replayed. A damaged cache is deleted and rebuilt from storage.
+brings it up to date: a cache of another store is reset, an empty one loads the
+newest checkpoint, and every later commit up to the head is replayed; a cache
+ahead of or apart from the storage root (a root restored from an older copy) is
+refused with :class:`StorageBehindError` naming the lost commits (or rebuilt,
+when the caller accepts the loss). A damaged cache is deleted and rebuilt from storage.
 Every argument is checked before anything is created, and a local store is created
 only in a missing or empty directory unless ``create=True``.
 """
@@ -29,8 +29,6 @@ from kvlog.errors import (
     StorageError,
     StoreNotFoundError,
 )
-from kvlog.format.checksum import crc32c
-from kvlog.format.commit import Commit, decode_commit
 from kvlog.format.identity import (
     IDENTITY_NAME,
     STORE_FORMAT,
@@ -40,9 +38,9 @@ from kvlog.format.identity import (
 )
 from kvlog.index import check_cache_file
 from kvlog.log.checkpoints import load_checkpoint, newest_checkpoint
-from kvlog.log.lineage import followed_by, left_behind, link_broken
+from kvlog.log.committer import REBUILD_REOPEN
 from kvlog.log.log import Log
-from kvlog.log.naming import LOG_PREFIX, commit_name
+from kvlog.log.naming import commit_name
 from kvlog.log.pinned_open import open_pinned
 from kvlog.log.pins_named import check_name
 from kvlog.meta import MetaTxn, acquire_env, reset_env
@@ -50,8 +48,7 @@ from kvlog.storage import Storage, StoreLocation, open_storage, parse_store_uri
 from kvlog.storage.local import is_temporary
 from kvlog.storage.uri import check_location_text
 
-__all__ = ["default_cache_dir", "open_log", "check_open_arguments", "ON_STORAGE_BEHIND", "REBUILD_HINT", "CREATE_HINT",
-           "storage_behind"]
+__all__ = ["default_cache_dir", "open_log", "check_open_arguments", "ON_STORAGE_BEHIND", "REBUILD_HINT", "CREATE_HINT"]
 
 log = logging.getLogger("kvlog.log")
 
@@ -266,7 +263,8 @@ def _upgrade(storage: Storage, identity: Identity) -> Identity:
 
 def _catch_up(the_log: Log, on_storage_behind: str) -> None:
     """Reset a cache of another store, refuse (or with ``"rebuild"`` reset) one that applied
-    commits storage no longer holds, reload from a checkpoint when behind it, then replay."""
+    commits storage no longer holds, load the newest checkpoint into an empty cache, then
+    replay up to the head."""
     uuid = the_log.identity.store_uuid.encode()
 
     def check_uuid(txn: Any) -> bool:
@@ -281,48 +279,23 @@ def _catch_up(the_log: Log, on_storage_behind: str) -> None:
 
     if the_log.env.write(check_uuid):
         log.info("metadata cache at %s rebuilt for store %s", the_log.env.path, the_log.identity.store_uuid)
-    if _holds_a_stray_commit(the_log):
-        # The cache applied a commit that a writer behind the commit retention window wrote in a
-        # version GC had freed: no write of it was acknowledged, so nothing is lost by rebuilding.
-        log.warning("metadata cache at %s applied a commit outside the history (written behind the "
-                    "commit retention window): rebuilt from storage", the_log.env.path)
-        _reset_cache(the_log)
-    else:
-        behind = storage_behind(the_log)
-        if behind is not None:
-            if on_storage_behind != "rebuild":
-                raise StorageBehindError(behind[0], f"{behind[1]}; nothing was changed: {REBUILD_HINT}")
-            log.warning("metadata cache at %s is ahead of or apart from the storage root %s (%s: %s): "
-                        "rebuilding it from storage, as on_storage_behind='rebuild' asks",
-                        the_log.env.path, the_log.storage.uri, *behind)
-            _reset_cache(the_log)
     if not the_log.maintain_index:
         the_log.env.write(lambda txn: MetaTxn(the_log.env, txn).put_meta("index_ready", b"0"))
-    newest = newest_checkpoint(the_log.storage)
     # Replaying what a killed writer left applies its commits' index runs without merging them:
     # reads search pending runs, and the writer's quiet spells merge them later, so reopening
     # never waits for a merge, whatever was pending.
     with the_log.settle_deferred():
-        loaded = _load_checkpoint_if_behind(the_log, newest)
-        if not loaded:
-            try:
-                the_log.refresh()
-            except StorageBehindError:
-                # Replay met a commit that a writer behind the commit retention window put in a
-                # version GC had freed, followed by the history's own: rebuilt from the newest
-                # checkpoint (past both), as a fresh cache starts.
-                newest = newest_checkpoint(the_log.storage)
-                if newest <= the_log.version:
-                    raise
-                log.warning("metadata cache at %s replayed a commit outside the history (written behind "
-                            "the commit retention window): rebuilt from the newest checkpoint",
-                            the_log.env.path)
-                _reset_cache(the_log)
-            # Replay stops at the first missing commit. Below the newest checkpoint (whose commit
-            # storage holds) that is a commit GC collected while an older one stayed (a restore
-            # put it back): the cache is behind, not at the head, and a write from there would
-            # take a freed version that no reader starting from the checkpoint crosses.
-            loaded = _load_checkpoint_if_behind(the_log, newest)
+        try:
+            loaded = _replay(the_log)
+        except StorageBehindError as e:
+            if on_storage_behind != "rebuild":
+                reason = e.reason.removesuffix(": " + REBUILD_REOPEN)
+                raise StorageBehindError(e.name, f"{reason}; nothing was changed: {REBUILD_HINT}") from None
+            log.warning("metadata cache at %s is ahead of or apart from the storage root %s (%s): "
+                        "rebuilding it from storage, as on_storage_behind='rebuild' asks",
+                        the_log.env.path, the_log.storage.uri, e)
+            _reset_cache(the_log)
+            loaded = _replay(the_log)
         if not loaded and the_log.maintain_index and (
                 the_log.snapshot(lambda r: r.get_meta("index_ready")) == b"0"):
             # Rebuild an index marked for it at the newest version, whose live files exist (an
@@ -330,17 +303,21 @@ def _catch_up(the_log: Log, on_storage_behind: str) -> None:
             the_log.rebuild_index()
 
 
-def _load_checkpoint_if_behind(the_log: Log, newest: int) -> bool:
-    """Load checkpoint ``newest`` into a cache behind it that cannot replay up to it: a fresh
-    cache, or one whose next commit commit GC already deleted; whether it was loaded."""
+def _replay(the_log: Log) -> bool:
+    """Load the newest checkpoint into an empty cache, or replay up to the head (which catches
+    a cache behind commit GC up from the checkpoint); whether a checkpoint was loaded."""
+    if the_log.version == 0 and _load_checkpoint(the_log, newest_checkpoint(the_log.storage)):
+        return True
+    the_log.refresh()
+    return False
+
+
+def _load_checkpoint(the_log: Log, newest: int) -> bool:
+    """Load checkpoint ``newest`` (0: none) into the empty cache; whether it was loaded."""
     for attempt in range(3):
-        version = the_log.version
-        if not (newest > version and (version == 0 or not the_log.storage.exists(commit_name(version + 1)))):
+        if newest == 0:
             return False
         try:
-            if version:
-                # Readers of this cache (here or in other processes) never see it emptied.
-                return the_log.catch_up()
             load_checkpoint(the_log, newest)
             return True
         except FileNotFoundError:
@@ -358,120 +335,12 @@ def _load_checkpoint_if_behind(the_log: Log, newest: int) -> bool:
                 newest = latest
                 continue
             # A damaged checkpoint only costs replay time while the commits it sums up remain.
-            if not the_log.storage.exists(commit_name(version + 1)):
+            if not the_log.storage.exists(commit_name(1)):
                 raise
             log.warning("checkpoint %d unusable (%s): replaying the commits instead", newest, e)
+            _reset_cache(the_log)
             return False
     return False
-
-
-def storage_behind(the_log: Log) -> tuple[str, str] | None:
-    """The commits the cache applied that storage lacks or holds otherwise, as (the first such
-    commit's name, what is wrong, naming them all), or None when storage holds the cache's history.
-
-    A cache that fell behind commit GC is fine (it catches up from a checkpoint), and so is a
-    fresh one. A cache whose newest commit is missing with no newer checkpoint, or differs, belongs
-    to a history the storage root no longer holds; so does one whose newest commit landed after a
-    restore removed the commit before it (its writer died, or could not read, before checking).
-    The cache keeps the identity of its newest two commits only: of older ones it knows that it
-    applied them, so the missing versions are named, and a differing one only when it is one of two.
-    """
-    applied: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_commit())
-    if applied is None:
-        return None
-    version, commit_id, crc = applied
-    name = commit_name(version)
-    try:
-        data = the_log.storage.read(name)
-    except FileNotFoundError:
-        after = commit_name(version + 1)
-        try:
-            following = decode_commit(after, the_log.storage.read(after))
-        except FileNotFoundError:
-            following = None
-        if following is not None:
-            # The next commit decides: collected history goes on from the commit the cache
-            # applied; a next commit naming another one follows a history this cache left.
-            if following.previous_id == commit_id or _left_in_freed_version(the_log, following):
-                return None  # collected; or a stray next commit, which _holds_a_stray_commit sees
-            return after, (f"commit {after} in {the_log.storage.uri} does not follow {name}, the newest "
-                           "commit the cache applied, which is missing (the root was restored from an "
-                           "older copy, or the commit deleted): the writes it holds are lost")
-        if newest_checkpoint(the_log.storage) > version:
-            return None
-        missing = _missing_versions(the_log, version)
-        are, they = ("is", "it holds") if len(missing) == 1 else ("are", "they hold")
-        return commit_name(missing[0]), (
-            f"{_versions_text(missing)}, which the cache applied, {are} missing from the storage "
-            f"root {the_log.storage.uri} (restored from an older copy, or deleted): the writes "
-            f"{they} are lost")
-    if crc32c(data) != crc:
-        return name, (f"commit {name} in {the_log.storage.uri} differs from the commit the cache applied "
-                      "at that version (restored from an older copy, or replaced): the writes of the "
-                      "cache's commit are lost")
-    before: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_before())
-    if before is None or before[0] != version - 1:
-        return None
-    broken = link_broken(the_log.storage, version, before)
-    if broken is None:
-        return None
-    earlier = commit_name(version - 1)
-    return earlier, (f"commit {earlier}, which the cache applied before its newest commit {name}, {broken} "
-                     f"in {the_log.storage.uri} (the root was restored while {name} was on its way): "
-                     "the writes of the cache's commit are lost")
-
-
-def _missing_versions(the_log: Log, version: int) -> list[int]:
-    """The versions up to ``version`` above the newest checkpoint whose commits storage lacks."""
-    names = {info.name for info in the_log.storage.list(LOG_PREFIX)}
-    floor = newest_checkpoint(the_log.storage)
-    missing = [v for v in range(floor + 1, version + 1) if commit_name(v) not in names]
-    return missing or [version]
-
-
-def _versions_text(versions: list[int]) -> str:
-    """``commit log/…01.json`` or ``commits log/…01.json to log/…04.json`` (with gaps counted)."""
-    if len(versions) == 1:
-        return f"commit {commit_name(versions[0])}"
-    span = versions[-1] - versions[0] + 1
-    gaps = "" if span == len(versions) else f" ({len(versions)} of them)"
-    return f"commits {commit_name(versions[0])} to {commit_name(versions[-1])}{gaps}"
-
-
-def _holds_a_stray_commit(the_log: Log) -> bool:
-    """Whether the newest commit the cache applied, or the commit after it, lies outside the
-    history because its writer wrote it in a version commit GC had freed (and took it back, or
-    died, or was refused, before it could): such a commit was never acknowledged."""
-    applied: tuple[int, str, int] | None = the_log.snapshot(lambda r: r.applied_commit())
-    if applied is None:
-        return False
-    version, commit_id = applied[0], applied[1]
-    storage = the_log.storage
-    try:
-        head: Commit | None = decode_commit(commit_name(version), storage.read(commit_name(version)))
-    except FileNotFoundError:
-        head = None
-    if head is None:
-        # Taken back: the history's next commit names another commit, and the version the
-        # cache's head took lies below a checkpoint past it, with the commit before it collected.
-        return (storage.exists(commit_name(version + 1)) and not followed_by(storage, version, commit_id)
-                and left_behind(storage, version))
-    if _left_in_freed_version(the_log, head):
-        return True
-    after = commit_name(version + 1)
-    try:
-        return _left_in_freed_version(the_log, decode_commit(after, storage.read(after)))
-    except FileNotFoundError:
-        return False
-
-
-def _left_in_freed_version(the_log: Log, commit: Commit) -> bool:
-    """Whether ``commit`` lies outside the history: the commit after it names another, and
-    it sits in a version commit GC freed (:func:`kvlog.log.committer.left_behind`)."""
-    after = commit_name(commit.version + 1)
-    if not the_log.storage.exists(after) or followed_by(the_log.storage, commit.version, commit.commit_id):
-        return False
-    return left_behind(the_log.storage, commit.version)
 
 
 def _reset_cache(the_log: Log) -> None:

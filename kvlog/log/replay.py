@@ -19,10 +19,10 @@ Invariants checked before anything changes (SlateDB-style, named):
   job), so no commit ever makes live a file that GC deleted;
 * ``pin-follows-its-version``: a ``pin`` commit keeps the version just before it, so every
   file it names is live when it lands (see :mod:`kvlog.log.pins_named`); ``pin-name-free``:
-  a name is pinned once;
-* ``follows-its-predecessor``: a commit naming another ``prev`` than the id of
-  the commit before it was written after a gap and is refused whole
-  (:func:`apply_stray`; the caller tells it from a cache that is itself behind).
+  a name is pinned once.
+
+That each commit follows the one before it is not a rule of replay: only published
+commits are replayed, and the committer checks their chain (:mod:`kvlog.log.committer`).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from kvlog.meta.records import (
     Refusal,
 )
 
-__all__ = ["ApplySettings", "FileCollected", "apply_commit", "apply_stray", "resolved_batch"]
+__all__ = ["ApplySettings", "FileCollected", "apply_commit", "resolved_batch"]
 
 #: Supplies the records of an appended batch: (file entry, batch index) -> record batch.
 BatchSource = Callable[[FileEntry, int], pa.RecordBatch]
@@ -155,19 +155,6 @@ def _apply_gc(txn: MetaTxn, commit: Commit, now: int) -> tuple[tuple[str, ...], 
         txn.put_condemned(path, now)
         condemned.append(path)
     return tuple(condemned), tuple(kept)
-
-
-def apply_stray(txn: MetaTxn, commit: Commit) -> CommitOutcome:
-    """Apply ``commit`` as refused: it names another predecessor (``prev``) than the commit at
-    the version before, so it was written after a gap, by a writer whose cache was ahead of a
-    restored root; it changes nothing but takes its version, as for every reader of this log."""
-    now = max(txn.last_commit_ms(), commit.timestamp_ms)
-    outcome = CommitOutcome(commit.version, Refusal(
-        "NotInHistory", f"commit {commit.commit_id} does not follow commit {commit.version - 1}"))
-    txn.set_version(commit.version)
-    txn.set_last_commit_ms(now)
-    txn.put_outcome(commit.commit_id, outcome)
-    return outcome
 
 
 def _apply_append(

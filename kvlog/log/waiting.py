@@ -2,8 +2,8 @@
 
 A commit this process writes wakes waiters at once: the committer notifies :class:`CommitSignal`
 after every commit it applies. Commits of other processes are found by following the commit
-log: every ``follow_interval_ms`` the waiter looks for the next commit (``log/<v+1>.json``) and
-applies what landed (:meth:`kvlog.log.log.Log.refresh`). Nothing busy-waits: between looks the
+log: every ``follow_interval_ms`` the waiter reads the head (``log/head.json``) and applies
+what landed (:meth:`kvlog.log.log.Log.refresh`). Nothing busy-waits: between looks the
 waiter sleeps on the signal's condition.
 
 The deadline is read from the injected clock. A clock that does not move by itself (a test's

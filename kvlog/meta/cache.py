@@ -360,16 +360,6 @@ class MetaReader:
         obj = _loads(value)
         return int(obj[0]), str(obj[1]), int(obj[2])
 
-    def applied_before(self) -> tuple[int, str, int] | None:
-        """``(version, commit id, CRC32C)`` of the commit applied just before the newest one,
-        if this cache applied both (not after loading a checkpoint): the newest commit's link
-        to its predecessor, which a restore can break while the newest commit stays."""
-        value = self.get_meta("applied_before")
-        if value is None:
-            return None
-        obj = _loads(value)
-        return int(obj[0]), str(obj[1]), int(obj[2])
-
 class MetaTxn(MetaReader):
     """Reads and writes within one LMDB write transaction."""
 
@@ -435,11 +425,7 @@ class MetaTxn(MetaReader):
         self.txn.put(path.encode(), _U64.pack(max(at_ms, 0)), db=self._db["condemned"])
 
     def set_applied_commit(self, version: int, commit_id: str, crc: int) -> None:
-        """Record the newest commit applied; the one it replaces as head becomes
-        :meth:`applied_before` (a cache emptied first, to load a checkpoint, has none)."""
-        current = self.get_meta("applied_commit")
-        if current is not None:
-            self.put_meta("applied_before", current)
+        """Record the newest commit applied (checked against the head by the next refresh)."""
         self.put_meta("applied_commit", _dumps([version, commit_id, crc]))
 
     def clear(self, *, keep_index: bool = False) -> None:

@@ -12,7 +12,14 @@ from typing import Any
 
 from kvlog.errors import ConfigError
 from kvlog.extras import require
-from kvlog.storage.base import BytesLike, ForwardStream, ObjectInfo, Storage, check_name
+from kvlog.storage.base import (
+    BytesLike,
+    ForwardStream,
+    ObjectInfo,
+    Storage,
+    SwapConflict,
+    check_name,
+)
 from kvlog.storage.local import LocalStorage
 from kvlog.storage.uri import StoreLocation, parse_store_uri
 
@@ -21,6 +28,7 @@ __all__ = [
     "ForwardStream",
     "ObjectInfo",
     "Storage",
+    "SwapConflict",
     "LocalStorage",
     "check_name",
     "open_storage",

@@ -5,8 +5,11 @@ Keys and values never become names (object names carry no user data). The contra
 
 * :meth:`Storage.read`, :meth:`Storage.read_range`, :meth:`Storage.stat` raise
   :class:`FileNotFoundError` for a missing object;
-* :meth:`Storage.put_if_absent` is the commit point: it makes the whole object
-  visible atomically, or raises :class:`FileExistsError` when the name exists;
+* :meth:`Storage.put_if_absent` makes the whole object visible atomically, or raises
+  :class:`FileExistsError` when the name exists;
+* :meth:`Storage.swap` is the commit point: it replaces an object only while it is the
+  version the caller read (a token from :meth:`Storage.read_versioned` or an earlier swap),
+  or raises ``SwapConflict`` and changes nothing;
 * :meth:`Storage.delete` of a missing object is not an error;
 * everything else the backend fails with is a :class:`~kvlog.errors.StorageError`
   that chains the cause. A ``StorageError`` from a write does not say whether
@@ -27,9 +30,14 @@ from typing import Any, ClassVar, Protocol
 
 from kvlog.errors import StorageError
 
-__all__ = ["ObjectInfo", "ForwardStream", "Storage", "check_name", "BytesLike"]
+__all__ = ["ObjectInfo", "ForwardStream", "Storage", "SwapConflict", "check_name", "BytesLike"]
 
 BytesLike = bytes | bytearray | memoryview
+
+
+class SwapConflict(FileExistsError):
+    """``Storage.swap`` found the object at another version than the one expected (or
+    present when it expected none): nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +75,7 @@ class Storage(ABC):
     """A flat namespace of immutable-by-convention objects under one root.
 
     Each instance counts its requests by kind in :attr:`requests` (``get``,
-    ``range_get``, ``stream``, ``put``, ``put_if_absent``, ``stat``, ``list``,
+    ``range_get``, ``stream``, ``put``, ``put_if_absent``, ``swap``, ``stat``, ``list``,
     ``delete``), so tests and benchmarks can measure I/O instead of assuming it.
     """
 
@@ -136,6 +144,26 @@ class Storage(ABC):
                     self.put(name, view)
         except OSError as e:
             raise StorageError(f"cannot read {path} to write {name}: {e}") from e
+
+    @abstractmethod
+    def read_versioned(self, name: str, unless: str | None = None) -> tuple[bytes, str] | None:
+        """The whole object and a token naming this version of it, for :meth:`swap`; None
+        when it is still the version ``unless`` names (an object store then sends no body).
+        Raises ``FileNotFoundError``."""
+
+    @abstractmethod
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
+        """Replace ``name`` with ``data`` only while it is the version ``expected`` names
+        (None: only while ``name`` is absent), atomically; return the new version's token.
+        Raises ``SwapConflict`` when ``name`` is another version (nothing changes).
+
+        ``copy_to``: a second name that holds ``data`` too once the swap succeeded, for
+        readers that read it by name afterwards. A local root makes the copy with the swap
+        (under the same lock, in the same directory fsync); an object store writes it with
+        a second request after the swap, so a crash between the two leaves the swap without
+        its copy (the caller writes it again). The copy replaces whatever had that name.
+        A ``StorageError`` says neither whether the swap happened nor whether the copy did.
+        """
 
     @abstractmethod
     def stat(self, name: str) -> ObjectInfo:

@@ -71,6 +71,8 @@ STORAGE_OPERATIONS: dict[str, str] = {
     "open_stream": "stream",
     "put_if_absent": "put_if_absent",
     "put": "put",
+    "swap": "swap",
+    "read_versioned": "get",
     "stat": "stat",
     "list": "list",
     "delete": "delete",
@@ -406,6 +408,12 @@ class FaultyStorage(Storage):
 
     def put(self, name: str, data: BytesLike) -> None:
         self._forward("put", name, lambda: self.inner.put(name, data))
+
+    def read_versioned(self, name: str, unless: str | None = None) -> tuple[bytes, str] | None:
+        return self._forward("read_versioned", name, lambda: self.inner.read_versioned(name, unless))
+
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
+        return self._forward("swap", name, lambda: self.inner.swap(name, data, expected, copy_to))
 
     def put_file(self, name: str, path: Path) -> None:
         """Forwarded as a ``put`` (the same faults apply)."""

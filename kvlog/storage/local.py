@@ -4,13 +4,18 @@
 the directory, so a crash leaves the old or the new object. ``put_if_absent``
 writes and fsyncs a temporary file and then hard-links it to the name: ``link``
 fails with ``EEXIST`` atomically when the name exists, and the object appears
-whole or not at all (``O_EXCL`` alone could expose a half-written file).
+whole or not at all (``O_EXCL`` alone could expose a half-written file). ``swap``
+compares and replaces under an exclusive ``flock`` of the object's directory (every
+process and thread takes it on its own descriptor), and links its copy from the same
+temporary file before the rename, so both names need one file fsync and one directory
+fsync.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import itertools
 import mmap
 import os
@@ -18,12 +23,20 @@ import threading
 from pathlib import Path
 from typing import BinaryIO
 
+import xxhash
+
 from kvlog.errors import StorageError
-from kvlog.storage.base import BytesLike, ObjectInfo, Storage, check_name
+from kvlog.storage.base import BytesLike, ObjectInfo, Storage, SwapConflict, check_name
 
 __all__ = ["LocalStorage", "LocalStream", "is_temporary"]
 
 _TMP_MARK = ".tmp-kvlog."
+
+
+def _token(data: BytesLike) -> str:
+    """The version token of a local object: its length and 64-bit content hash (a root
+    restored with the same bytes is the same version, which is what a swap compares)."""
+    return f"{len(memoryview(data).cast('B'))}-{xxhash.xxh3_64_hexdigest(data)}"
 
 
 class LocalStream:
@@ -195,6 +208,54 @@ class LocalStorage(Storage):
             raise FileExistsError(name) from None
         except OSError as e:
             raise StorageError(f"cannot create {name}: {e}") from e
+
+    def read_versioned(self, name: str, unless: str | None = None) -> tuple[bytes, str] | None:
+        data = self.read(name)
+        token = _token(data)
+        return None if token == unless else (data, token)
+
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
+        self._count("swap")
+        final = self._path(name)
+        copy = self._path(copy_to) if copy_to is not None else None
+        try:
+            self._make_dirs(final.parent)
+            lock = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                try:
+                    current = _token(final.read_bytes())
+                except FileNotFoundError:
+                    current = None
+                if current != expected:
+                    raise SwapConflict(errno.EEXIST, "another version", name)
+                tmp = self._write_tmp(final, data)
+                try:
+                    if copy is not None:
+                        self._link_over(tmp, copy)
+                    os.replace(tmp, final)
+                finally:
+                    tmp.unlink(missing_ok=True)
+                self._sync_dir(final.parent)
+                if copy is not None and copy.parent != final.parent:
+                    self._sync_dir(copy.parent)
+            finally:
+                os.close(lock)  # releases the lock
+        except SwapConflict:
+            raise
+        except OSError as e:
+            raise StorageError(f"cannot swap {name}: {e}") from e
+        return _token(data)
+
+    def _link_over(self, source: Path, target: Path) -> None:
+        """Make ``target`` a second name of ``source`` (replacing what it named)."""
+        self._make_dirs(target.parent)
+        try:
+            os.link(source, target)
+        except FileExistsError:
+            spare = self._tmp_path(target)
+            os.link(source, spare)
+            os.replace(spare, target)
 
     def put(self, name: str, data: BytesLike) -> None:
         self._count("put")

@@ -24,6 +24,7 @@ import obstore
 from obstore.exceptions import (
     AlreadyExistsError,
     BaseError,
+    NotModifiedError,
     PermissionDeniedError,
     PreconditionError,
     UnauthenticatedError,
@@ -31,7 +32,7 @@ from obstore.exceptions import (
 from obstore.store import S3Store
 
 from kvlog.errors import ConfigError, StorageError
-from kvlog.storage.base import BytesLike, ObjectInfo, Storage, check_name
+from kvlog.storage.base import BytesLike, ObjectInfo, Storage, SwapConflict, check_name
 from kvlog.storage.s3_settings import StaticCredentials, resolve_settings
 
 if TYPE_CHECKING:
@@ -428,6 +429,49 @@ class ObjectStoreStorage(Storage):
             raise FileExistsError(errno.EEXIST, "object exists", self._where(name)) from None
         except _BACKEND_ERRORS as e:
             self._raise("create", name, e)
+
+    def read_versioned(self, name: str, unless: str | None = None) -> tuple[bytes, str] | None:
+        """One GET (with ``If-None-Match: <unless>``: no body while unchanged); the token is
+        the object's ETag."""
+        check_name(name)
+        self._count("get")
+        try:
+            options: GetOptions = {"if_none_match": unless} if unless is not None else {}
+            result = obstore.get(self.client, name, options=options)
+            data = bytes(result.bytes())
+        except NotModifiedError:
+            return None
+        except FileNotFoundError as e:
+            self._not_found("read", name, e)
+        except _BACKEND_ERRORS as e:
+            self._raise("read", name, e)
+        tag = result.meta.get("e_tag")
+        if not tag:
+            raise StorageError(f"read {self._where(name)}: the server sent no ETag, which "
+                               "conditional writes need")
+        return data, tag
+
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
+        """One PUT with ``If-Match: <expected>`` (``If-None-Match: *`` for None), then the copy's
+        PUT. A retried attempt whose first answer was lost is refused as a conflict although it
+        wrote: callers that must tell read the object back."""
+        check_name(name)
+        self._count("swap")
+        payload = data if isinstance(data, bytes | bytearray) else memoryview(data).cast("B")
+        mode: Any = "create" if expected is None else {"e_tag": expected}
+        try:
+            result = obstore.put(self.client, name, payload, mode=mode, use_multipart=False)
+        except (AlreadyExistsError, PreconditionError, FileNotFoundError):
+            raise SwapConflict(errno.EEXIST, "another version", self._where(name)) from None
+        except _BACKEND_ERRORS as e:
+            self._raise("swap", name, e)
+        tag = result.get("e_tag")
+        if not tag:
+            raise StorageError(f"swap {self._where(name)}: the server sent no ETag, which "
+                               "conditional writes need")
+        if copy_to is not None:
+            self.put(copy_to, payload)
+        return tag
 
     def put(self, name: str, data: BytesLike) -> None:
         """Create or replace ``name``. Above 32 MiB the upload is multipart, which S3

@@ -113,7 +113,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Template:
     assert records(store) == tpl.new
     store.close()
     ops = {e.op for e in tpl.events}
-    assert {"open_stream", "stream_read", "put", "put_if_absent"} <= ops, ops
+    assert {"open_stream", "stream_read", "put", "swap"} <= ops, ops
     return tpl
 
 
@@ -185,8 +185,8 @@ def test_the_probe_sees_two_streams_per_input_and_one_commit(template: Template)
     opened = [e for e in template.events if e.op == "open_stream"]
     inputs = {e.name for e in opened}
     assert len(inputs) == 4 and len(opened) == 8  # stream A and stream B of each input
-    commits = [e for e in template.events if e.op == "put_if_absent"]
-    assert len(commits) == 1 and commits[0].name.startswith("log/")
+    commits = [e for e in template.events if e.op == "swap"]
+    assert len(commits) == 1 and commits[0].name == "log/head.json"
     outputs = [e for e in template.events if e.op == "put"]
     assert len(outputs) == 1 and outputs[0].name.startswith("data/2/")
     assert outputs[0].index < commits[0].index  # data first, then the commit
@@ -202,15 +202,15 @@ def test_a_crash_at_every_step_of_a_job(template: Template, tmp_path: Path, when
         state = verify_recovery(template, path, ManualClock(template.start + 1_000))
         states[state] += 1
         if outcome is None:
-            # Only a call that failed by itself (a read of the next commit, not there yet) can
-            # escape a crash "after" it: the job then went on and committed.
+            # Only a call that failed by itself (a read of an object not there) can escape a
+            # crash "after" it: the job then went on and committed.
             assert when == "after" and state == "new", event
             shutil.rmtree(path)
             continue
         assert isinstance(outcome, SimulatedCrash), (event, outcome)
-        commit = event.op == "put_if_absent" and event.name.startswith("log/")
+        commit = event.op == "swap"
         # The replace commit is the switch: before it lands the old state, after it the new one.
-        committed = any(e.op == "put_if_absent" and e.name.startswith("log/") for e in template.events[:n])
+        committed = any(e.op == "swap" for e in template.events[:n])
         if commit:
             assert state == ("new" if when == "after" else "old"), event
         elif not committed:
@@ -218,10 +218,11 @@ def test_a_crash_at_every_step_of_a_job(template: Template, tmp_path: Path, when
         else:
             assert state == "new", event
         shutil.rmtree(path)
-    assert states["old"] and states["new"]
+    # The swap of the head is the job's last step: only a crash after it leaves the new state.
+    assert states["old"] and (states["new"] or when == "before")
 
 
-WRITES = ("put", "put_if_absent")
+WRITES = ("put", "swap")
 
 
 @pytest.mark.parametrize("kind", ["error", "timeout_after_success"])
@@ -233,7 +234,7 @@ def test_a_failing_write_of_a_job(template: Template, tmp_path: Path, kind: str)
         outcome, faulty = run_faulty(template, path, event.error_plan(kind))  # type: ignore[arg-type]
         assert faulty.injected
         state = verify_recovery(template, path, ManualClock(template.start + 1_000))
-        if event.op == "put_if_absent":
+        if event.op == "swap":
             # The commit is retried (error) or recognised as landed (timeout): it succeeds.
             assert outcome is None and state == "new", (event, outcome)
         else:
@@ -244,7 +245,7 @@ def test_a_failing_write_of_a_job(template: Template, tmp_path: Path, kind: str)
 
 def test_a_commit_that_always_fails_leaves_the_old_state(template: Template, tmp_path: Path) -> None:
     path = copy_of(template, tmp_path / "case")
-    plan = FaultPlan().fail("put_if_absent", "log/*", times=None)
+    plan = FaultPlan().fail("swap", "log/head.json", times=None)
     outcome, _faulty = run_faulty(template, path, plan)
     assert isinstance(outcome, KvlogError)
     assert verify_recovery(template, path, ManualClock(template.start + 1_000)) == "old"

@@ -1,15 +1,12 @@
-"""A small durable flush in the steady state costs two requests: the conditional PUT of the
-commit that carries its records inline, and one GET of the commit it follows; a flush past
+"""A small durable flush in the steady state costs two requests on S3: the conditional swap of
+the head to the commit that carries its records inline, and the PUT of the commit's copy at its
+own name; on a local root one swap (the copy is linked with it). A flush past
 ``commit_inline_bytes`` adds the PUT of its data file.
 
-The writer neither asks storage for the head before writing (the applied version is its
-guess; a conditional PUT that finds the name taken is how it learns another writer won) nor
-reads back the commit it created (the conditional PUT's success proves storage holds those
-bytes), nor reads the head it wrote and checked itself. The one GET left is the check after
-the commit landed that the commit it follows is still there (a root restored from an older
-copy while the commit was on its way): without it such a commit would be acknowledged after a
-gap no reader crosses. A checkpoint every ``checkpoint_interval`` commits adds its own GET of
-the head and its conditional PUT; it is counted apart.
+The writer neither asks storage for the head before writing (the head it swapped last is its
+guess; a refused swap is how it learns another writer won) nor reads back the commit it
+published (the swap's success proves the head holds those bytes). A checkpoint every
+``checkpoint_interval`` commits adds its PUT; it is counted apart.
 
 The counts come from a wrapper over the real backend (SeaweedFS, or a local directory) that
 records every request by kind and name.
@@ -65,6 +62,14 @@ class _Noting(Storage):
         self.noted.note("put_if_absent", name)
         super().put_if_absent(name, data)  # type: ignore[safe-super]
 
+    def read_versioned(self, name: str, unless: str | None = None) -> tuple[bytes, str] | None:
+        self.noted.note("get", name)
+        return super().read_versioned(name, unless)  # type: ignore[safe-super,no-any-return]
+
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
+        self.noted.note("swap", name)
+        return super().swap(name, data, expected, copy_to)  # type: ignore[safe-super,no-any-return]
+
     def stat(self, name: str) -> ObjectInfo:
         self.noted.note("stat", name)
         return super().stat(name)  # type: ignore[safe-super]
@@ -112,37 +117,37 @@ def _steady_appends(storage: Storage, noted: _Requests, cache: Path, interval: i
         assert Counter(storage.requests) - before == Counter(kind for kind, _name in noted.seen)
         assert store.log.version == first + appends - 1
         checkpoints = [int(name[len("log/"):].split(".")[0]) for kind, name in noted.seen
-                       if kind == "put_if_absent" and name.endswith(".checkpoint.json")]
+                       if kind == "put" and name.endswith(".checkpoint.json")]
         # A checkpoint every ``interval`` commits, counted apart.
         assert len(checkpoints) == sum(1 for v in range(first, first + appends)
                                        if (v - checkpoints[0]) % interval == 0) if checkpoints else interval > appends
         assert all(b - a == interval for a, b in zip(checkpoints, checkpoints[1:], strict=False))
         kinds = Counter(kind for kind, _name in noted.seen)
-        data_puts = [name for kind, name in noted.seen if kind == "put"]
-        assert len(data_puts) == (0 if inline else appends) and all(n.startswith("data/") for n in data_puts)
-        commits = [name for kind, name in noted.seen if kind == "put_if_absent" and not name.endswith("checkpoint.json")]
-        assert commits == [commit_name(v) for v in range(first, first + appends)]
-        # One GET after each commit, of the commit it follows; one more per checkpoint (its head).
-        gets = [name for kind, name in noted.seen if kind == "get"]
-        assert sorted(gets) == sorted([commit_name(v - 1) for v in range(first, first + appends)]
-                                      + [commit_name(v) for v in checkpoints])
-        assert kinds["put_if_absent"] == appends + len(checkpoints)
-        per_append = 2 if inline else 3
-        assert sum(kinds.values()) == per_append * appends + 2 * len(checkpoints), noted.seen
-        assert set(kinds) <= {"get", "put", "put_if_absent"}, kinds
+        data_puts = [name for kind, name in noted.seen if kind == "put" and name.startswith("data/")]
+        assert len(data_puts) == (0 if inline else appends)
+        swaps = [name for kind, name in noted.seen if kind == "swap"]
+        assert swaps == ["log/head.json"] * appends
+        # An object store PUTs each commit's copy after the swap; a local root links it in the swap.
+        copies = [name for kind, name in noted.seen if kind == "put" and name.startswith("log/")
+                  and not name.endswith(".checkpoint.json")]
+        local = isinstance(storage, LocalStorage)
+        assert copies == ([] if local else [commit_name(v) for v in range(first, first + appends)])
+        per_append = (1 if local else 2) + (0 if inline else 1)
+        assert sum(kinds.values()) == per_append * appends + len(checkpoints), noted.seen
+        assert set(kinds) <= {"put", "swap"}, kinds
         for i in range(appends):
             assert store.get(f"key-{i:04}".encode()) == b"v" * 100
         assert store.check() == []
 
 
 @pytest.mark.parametrize("inline", [True, False])
-def test_a_local_append_reads_only_the_commit_it_follows(tmp_path: Path, inline: bool) -> None:
+def test_a_local_append_is_one_swap_and_reads_nothing(tmp_path: Path, inline: bool) -> None:
     storage = _NotingLocal(tmp_path / "root")
     _steady_appends(storage, storage.noted, tmp_path / "cache", interval=1000, appends=20, inline=inline)
 
 
 @pytest.mark.parametrize("interval", [1000, 7])
-def test_a_small_s3_append_costs_a_conditional_commit_put_and_one_get(
+def test_a_small_s3_append_costs_a_conditional_swap_and_the_put_of_its_copy(
     s3_root: tuple[str, dict[str, Any]], tmp_path: Path, interval: int,
 ) -> None:
     uri, options = s3_root
@@ -165,8 +170,8 @@ def test_an_s3_append_past_commit_inline_bytes_adds_the_put_of_its_data_file(
 
 
 def test_a_writer_that_lost_the_race_reads_replays_and_retries(tmp_path: Path) -> None:
-    """Two writers on one root: the one whose guess of the next version was taken gets a refused
-    conditional PUT, applies the winner's commit and lands at the version after it."""
+    """Two writers on one root: the one whose head is stale gets a refused swap, reads the head,
+    applies the winner's commit and lands at the version after it."""
     root = tmp_path / "root"
     storage = _NotingLocal(root)
     with kvlog.open(storage, cache_dir=tmp_path / "a", **QUIET) as a, \
@@ -177,8 +182,9 @@ def test_a_writer_that_lost_the_race_reads_replays_and_retries(tmp_path: Path) -
         storage.noted.on = True
         a.put(b"a1", b"2", sync=True)  # a guesses the version b took
         storage.noted.on = False
-        assert ("put_if_absent", commit_name(taken)) in storage.noted.seen
-        assert ("put_if_absent", commit_name(taken + 1)) in storage.noted.seen
+        swaps = [name for kind, name in storage.noted.seen if kind == "swap"]
+        assert swaps == ["log/head.json"] * 2  # refused, then published at the version after b's
+        assert ("get", "log/head.json") in storage.noted.seen and ("get", commit_name(taken)) in storage.noted.seen
         assert a.log.version == taken + 1
         b.log.refresh()
         assert b.get(b"a1") == b"2" and a.get(b"b0") == b"1"

@@ -18,6 +18,8 @@ from kvlog.log import Log
 from kvlog.log.naming import checkpoint_name, commit_name
 from kvlog.log.records import partition_for_key
 from kvlog.meta import LiveBatch
+from kvlog.storage import LocalStorage
+from tests.commits import publish
 
 PARTS = 4
 
@@ -245,7 +247,7 @@ def test_a_replace_commit_with_a_malformed_cleaner_state_is_refused_naming_it(
         encode_commit(replace(commit, info={"cleaner": cleaner}))
     body = decode_document(name, encode_commit(commit), "commit")
     body["info"] = {"cleaner": cleaner}
-    (root / name).write_bytes(encode_document("commit", body))
+    publish(LocalStorage(root, fsync=False), encode_document("commit", body))
     with pytest.raises(CorruptDataError) as info:
         make_log(root, tmp_path / "fresh-cache")
     assert info.value.name == name

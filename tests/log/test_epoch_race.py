@@ -39,11 +39,11 @@ class InterleavingStorage(LocalStorage):
 
     hook: Callable[[], None] | None = None
 
-    def put_if_absent(self, name: str, data: BytesLike) -> None:
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
         hook, self.hook = self.hook, None
-        if hook is not None and name.startswith("log/") and name.endswith(".json"):
+        if hook is not None:
             hook()
-        super().put_if_absent(name, data)
+        return super().swap(name, data, expected, copy_to)
 
 
 def _open(storage: LocalStorage, cache: Path, clock: ManualClock, seed: int) -> Log:

@@ -31,6 +31,7 @@ from kvlog.clock import ManualClock, SeededIdSource
 from kvlog.config import StoreConfig
 from kvlog.errors import CommitStateUnknownError, KvlogError, StorageError
 from kvlog.log import Log, Producer, open_log
+from kvlog.log.head import HEAD_NAME
 from kvlog.log.naming import commit_name
 from kvlog.log.records import AppendResult, partition_for_key
 from kvlog.storage import LocalStorage
@@ -177,18 +178,18 @@ def history(config: StoreConfig, tmp_path_factory: pytest.TempPathFactory) -> li
 
 
 def test_the_flow_has_every_step_of_an_append(config: StoreConfig, history: list[Event]) -> None:
-    """The enumeration below covers data writes (when appends write data files), commit puts,
-    replay reads and checkpoints."""
+    """The enumeration below covers data writes (when appends write data files), swaps of the
+    head, replay reads and checkpoints."""
     ops = [(e.op, e.name.split("/")[0]) for e in history]
     assert ops.count(("put", "data")) == (0 if config.commit_inline_bytes else len(BATCHES))
-    commits = [e.name for e in history if e.op == "put_if_absent" and e.name.endswith(".json")]
-    assert commit_name(1) in commits and commit_name(len(BATCHES) + 1) in commits
-    assert any(".checkpoint." in n for n in commits)
-    # Data before commit, every time: the next create after a data write is a commit.
+    swaps = [e.name for e in history if e.op == "swap"]
+    assert swaps == [HEAD_NAME] * (len(BATCHES) + 1)  # the registration, then one per append
+    assert any(e.op == "put" and ".checkpoint." in e.name for e in history)
+    # Data before commit, every time: the next write after a data write is the swap of the head.
     for e in history:
         if e.op == "put" and e.name.startswith("data/"):
-            nxt = next(x for x in history[e.index + 1:] if x.op == "put_if_absent")
-            assert nxt.name.startswith("log/") and ".checkpoint." not in nxt.name
+            nxt = next(x for x in history[e.index + 1:] if x.op in ("put", "swap", "put_if_absent"))
+            assert nxt.op == "swap"
 
 
 def _inject(plan: FaultPlan, directory: Path, config: StoreConfig = CONFIG) -> tuple[FaultyStorage, Run]:
@@ -229,7 +230,7 @@ def test_crash_at_every_step(config: StoreConfig, history: list[Event], tmp_path
             if run.failure is None:
                 # A crash "after" a read that raised FileNotFoundError never comes: the read
                 # failed first and the flow went on (a missing next commit, a missing identity).
-                assert when == "after" and event.op in ("read", "stat"), (event, run)
+                assert when == "after" and event.op in ("read", "read_versioned", "stat"), (event, run)
                 assert len(run.acked) == len(BATCHES)
             else:
                 assert isinstance(run.failure, SimulatedCrash), (event, run.failure)
@@ -239,7 +240,7 @@ def test_crash_at_every_step(config: StoreConfig, history: list[Event], tmp_path
             except AssertionError as e:
                 raise AssertionError(f"after a crash {when} {event}: {e}") from e
     steps = [e for e in history if e.op != "crash_point" or when == "before"]
-    misses = [e for e in steps if e.op == "read" and e.name.startswith("log/")]
+    misses = [e for e in steps if e.op in ("read", "read_versioned") and e.name.startswith("log/")]
     assert crashes >= 2 * (len(steps) - len(misses) - 1)
 
 
@@ -314,13 +315,15 @@ def test_crash_after_the_commit_before_the_lmdb_apply(
 def test_commit_state_unknown_is_resolved_by_reopening(
     config: StoreConfig, history: list[Event], tmp_path: Path,
 ) -> None:
-    """The commit put timed out after landing and every read-back failed: the caller cannot know."""
+    """The swap of the head timed out after landing and every read-back failed: the caller
+    cannot know."""
     target = commit_name(2)  # the first append's commit
-    put_at = next(e.index for e in history if e.op == "put_if_absent" and e.name == target)
-    reads_before = sum(1 for e in history[:put_at] if e.op == "read" and e.name == target)
+    swaps = [e for e in history if e.op == "swap"]
+    put_at = swaps[1].index
+    reads_before = sum(1 for e in history[:put_at] if e.op == "read_versioned" and e.name == HEAD_NAME)
     plan = FaultPlan(
-        fail("put_if_absent", target, kind="timeout_after_success"),
-        fail("read", target, nth=reads_before + 1, times=None),
+        fail("swap", HEAD_NAME, nth=2, kind="timeout_after_success"),
+        fail("read_versioned", HEAD_NAME, nth=reads_before + 1, times=None),
     )
     faulty, run = _inject(plan, tmp_path, config)
     assert isinstance(run.failure, CommitStateUnknownError)
@@ -332,7 +335,7 @@ def test_commit_state_unknown_is_resolved_by_reopening(
 
 
 def test_persistent_commit_failure_reports_an_error_and_writes_no_commit(tmp_path: Path) -> None:
-    plan = FaultPlan(fail("put_if_absent", "log/*.json", nth=2, times=None))  # after the registration
+    plan = FaultPlan(fail("swap", HEAD_NAME, nth=2, times=None))  # after the registration
     faulty, run = _inject(plan, tmp_path)
     assert isinstance(run.failure, KvlogError) and run.acked == {}
     root = LocalStorage(tmp_path / "root")

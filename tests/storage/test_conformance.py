@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from kvlog.errors import ConfigError, StorageError
-from kvlog.storage import LocalStorage, Storage, open_storage
+from kvlog.storage import LocalStorage, Storage, SwapConflict, open_storage
 from kvlog.storage.faulty import FaultyStorage
 
 BACKENDS = ["local", pytest.param("s3", marks=pytest.mark.s3), "faulty"]
@@ -179,6 +179,20 @@ def _create_in_process(root: str, name: str, i: int, barrier: Any, results: Any)
         results.put((i, f"error {e!r}"))
 
 
+def _race_processes(ctx: Any, target: Callable[..., None], args: tuple[str, str], barrier: Any,
+                    results: Any) -> dict[int, str]:
+    """Run ``target(*args, i, barrier, results)`` in 8 processes at once; each one's outcome."""
+    procs = [ctx.Process(target=target, args=(*args, i, barrier, results)) for i in range(8)]
+    for p in procs:
+        p.start()
+    outcomes = dict(results.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    results.close()
+    return outcomes
+
+
 def test_put_if_absent_race_processes_local(tmp_path: Path) -> None:
     """8 processes create the same name in one directory: exactly one wins."""
     ctx = multiprocessing.get_context("spawn")
@@ -187,22 +201,106 @@ def test_put_if_absent_race_processes_local(tmp_path: Path) -> None:
     name = "log/00000000000000000001.json"
     barrier = ctx.Barrier(8)
     results = ctx.Queue()
-    procs = [
-        ctx.Process(target=_create_in_process, args=(str(root), name, i, barrier, results))
-        for i in range(8)
-    ]
-    for p in procs:
-        p.start()
-    outcomes = dict(results.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    results.close()
+    outcomes = _race_processes(ctx, _create_in_process, (str(root), name), barrier, results)
     winners = [i for i, o in outcomes.items() if o == "won"]
     assert len(winners) == 1, outcomes
     assert sorted(o for o in outcomes.values() if o != "won") == ["lost"] * 7, outcomes
     expected = f"process-{winners[0]}-".encode() * (1000 + winners[0])
     assert LocalStorage(root).read(name) == expected
+
+
+# -- swap: the conditional replace commits are published with ------------------------------
+
+
+def test_swap_creates_replaces_and_refuses_a_stale_version(storage: Storage) -> None:
+    token = storage.swap("log/head.json", b"one", None, copy_to="log/00000000000000000001.json")
+    assert storage.read_versioned("log/head.json") == (b"one", token)
+    assert storage.read("log/00000000000000000001.json") == b"one"
+    with pytest.raises(SwapConflict):
+        storage.swap("log/head.json", b"again", None)  # it exists: a create is refused
+    second = storage.swap("log/head.json", b"two", token, copy_to="log/00000000000000000002.json")
+    assert second != token and storage.read("log/head.json") == b"two"
+    with pytest.raises(SwapConflict):
+        storage.swap("log/head.json", b"stale", token, copy_to="log/00000000000000000003.json")
+    assert storage.read("log/head.json") == b"two"
+    assert not storage.exists("log/00000000000000000003.json")  # a refused swap copies nothing
+    assert storage.read_versioned("log/head.json", second) is None  # unchanged since
+    assert storage.read_versioned("log/head.json", token) == (b"two", second)
+    # The copy replaces whatever had its name (a copy left by a swap that never happened).
+    storage.put("log/00000000000000000003.json", b"left over")
+    storage.swap("log/head.json", b"three", second, copy_to="log/00000000000000000003.json")
+    assert storage.read("log/00000000000000000003.json") == b"three"
+    assert [i.name for i in storage.list("log/")] == [
+        "log/00000000000000000001.json", "log/00000000000000000002.json",
+        "log/00000000000000000003.json", "log/head.json"]
+    with pytest.raises(FileNotFoundError):
+        storage.read_versioned("log/missing.json")
+
+
+def test_swap_of_an_absent_object_with_a_token_is_refused(storage: Storage) -> None:
+    token = storage.swap("elsewhere", b"x", None)
+    with pytest.raises(SwapConflict):
+        storage.swap("log/head.json", b"y", token)
+    assert not storage.exists("log/head.json")
+
+
+def _swap_in_thread(storage: Storage, i: int, token: str, barrier: threading.Barrier,
+                    outcomes: dict[int, str]) -> None:
+    payload = f"writer-{i}-".encode() * (100 + i)
+    barrier.wait()
+    try:
+        storage.swap("log/head.json", payload, token, copy_to=f"log/{i:020d}.json")
+        outcomes[i] = "won"
+    except SwapConflict:
+        outcomes[i] = "lost"
+    except Exception as e:  # reported by the test
+        outcomes[i] = f"error {e!r}"
+
+
+def test_swap_race_threads(storage: Storage) -> None:
+    """8 threads swap the same version of the head at once: exactly one wins, the head is its
+    payload, and only the winner's copy exists."""
+    token = storage.swap("log/head.json", b"start", None)
+    barrier = threading.Barrier(8)
+    outcomes: dict[int, str] = {}
+    threads = [threading.Thread(target=_swap_in_thread, args=(storage, i, token, barrier, outcomes))
+               for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [i for i, o in outcomes.items() if o == "won"]
+    assert len(winners) == 1, outcomes
+    assert sorted(o for o in outcomes.values() if o != "won") == ["lost"] * 7, outcomes
+    assert storage.read("log/head.json") == f"writer-{winners[0]}-".encode() * (100 + winners[0])
+    copies = [i.name for i in storage.list("log/") if i.name != "log/head.json"]
+    assert copies == [f"log/{winners[0]:020d}.json"]
+
+
+def _swap_in_process(root: str, token: str, i: int, barrier: Any, results: Any) -> None:
+    storage = LocalStorage(root)
+    barrier.wait()
+    try:
+        storage.swap("log/head.json", f"process-{i}-".encode() * (1000 + i), token)
+        results.put((i, "won"))
+    except SwapConflict:
+        results.put((i, "lost"))
+    except Exception as e:
+        results.put((i, f"error {e!r}"))
+
+
+def test_swap_race_processes_local(tmp_path: Path) -> None:
+    """8 processes swap the same version of a head in one directory: exactly one wins (the
+    lock is a file lock, which threads of one process and other processes all take)."""
+    ctx = multiprocessing.get_context("spawn")
+    root = tmp_path / "root"
+    token = LocalStorage(root).swap("log/head.json", b"start", None)
+    barrier = ctx.Barrier(8)
+    results = ctx.Queue()
+    outcomes = _race_processes(ctx, _swap_in_process, (str(root), token), barrier, results)
+    winners = [i for i, o in outcomes.items() if o == "won"]
+    assert len(winners) == 1, outcomes
+    assert LocalStorage(root).read("log/head.json") == f"process-{winners[0]}-".encode() * (1000 + winners[0])
 
 
 # -- ranges and streams -------------------------------------------------------------------

@@ -1,7 +1,12 @@
-"""Races on the commit path: GC by condemnation, commits after a restore gap, checkpoints.
+"""Races on the commit path: GC by condemnation, restores during a commit, lost answers,
+checkpoints, commit GC past a writer.
 
-Interleavings are made deterministic with a real ``LocalStorage`` subclass that runs a hook
-at one step (no mocks), as in ``test_gc_races.py`` and ``test_storage_behind.py``.
+A commit is live once its writer swapped the head (``log/head.json``), conditional on the
+version of the head its cache applied; only then is the commit's own name written. So a
+writer whose root was restored under it, or whose cache is stale, is refused at the swap and
+writes nothing, and every reader of the root sees one history. Interleavings are made
+deterministic with a real ``LocalStorage`` subclass that runs a hook at one step (no mocks),
+as in ``test_gc_races.py`` and ``test_storage_behind.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ from root_surgery import (
     QUIET,
     age_every_data_file,
     copy_root,
-    is_commit,
     restore_root,
     write_past_a_backup,
 )
@@ -23,23 +27,36 @@ from root_surgery import (
 import kvlog
 from kvlog.clock import ManualClock
 from kvlog.config import DAY_MS
-from kvlog.errors import KvlogError, StorageBehindError, StorageError
+from kvlog.errors import StorageBehindError, StorageError
 from kvlog.log.naming import commit_name
-from kvlog.storage import LocalStorage
+from kvlog.storage import LocalStorage, SwapConflict
 from kvlog.storage.base import BytesLike
+from tests.commits import HEAD_NAME, head_version
+
+
+def _commit_versions(root: Path) -> list[int]:
+    """The versions of the commits a local root holds at their own names."""
+    return sorted(int(p.name.split(".")[0]) for p in (root / "log").glob("*[0-9].json"))
+
 
 # -- GC by condemnation: a condemnation is never forgotten ----------------------------------------
 
 class HookBeforeCommit(LocalStorage):
-    """Runs ``hook`` once, just before the next commit is written (after the writer built it)."""
+    """Runs ``hook`` once, just before the next swap of the head (after the writer built its
+    commit); counts the swaps refused."""
 
     hook: Callable[[], None] | None = None
+    refused = 0
 
-    def put_if_absent(self, name: str, data: BytesLike) -> None:
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
         hook, self.hook = self.hook, None
-        if hook is not None and is_commit(name):
+        if hook is not None:
             hook()
-        super().put_if_absent(name, data)
+        try:
+            return super().swap(name, data, expected, copy_to)
+        except SwapConflict:
+            self.refused += 1
+            raise
 
 
 @pytest.mark.parametrize(
@@ -54,8 +71,9 @@ def test_a_writer_stalled_across_two_gc_runs_never_makes_live_a_file_gc_deleted(
 ) -> None:
     """No commit ever makes live a file that GC deleted, however long the writer stalled:
     GC 1 condemns and deletes the stalled flush's file; GC 2 runs days later, or from a process
-    with another ``commit_retention_ms``, and condemns another orphan; the stalled commit is
-    still refused, and the flush writes its file again."""
+    with another ``commit_retention_ms``, and condemns another orphan. The stalled writer's
+    swap is refused (the GC commits moved the head); applying them it learns its file was
+    condemned, and the flush writes its file again."""
     root = tmp_path / "root"
     storage = HookBeforeCommit(root, fsync=False)
     start = time.time_ns() // 1_000_000
@@ -77,106 +95,113 @@ def test_a_writer_stalled_across_two_gc_runs_never_makes_live_a_file_gc_deleted(
 
         storage.hook = stall
         store.put(b"slow", b"acknowledged", sync=True)  # acknowledged
+        assert storage.refused >= 1, "the stalled swap was not refused"
     with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as reader:
         assert reader.check() == []
         assert reader.get(b"slow") == b"acknowledged"
 
 
-# -- A commit whose answer was lost is checked like any other ---------------------------------
+# -- A restore under a writer about to swap the head ----------------------------------------------
 
-class RestoreThenLoseResponse(LocalStorage):
-    """Restores the root from ``backup`` just before the next commit is written, writes it, and
-    then loses the response (``timeout_after_success``)."""
+class RestoreBeforeSwap(LocalStorage):
+    """Restores ``restored_dirs`` of the root from ``backup`` just before the next swap of the
+    head, then runs ``after_restore`` (another writer on the restored root, say), and swaps.
+
+    ``lose_answer``: that swap's caller gets a ``StorageError`` whatever the swap did (a lost
+    response). ``head_reads_failing``: how many reads of the head fail after the restore (a
+    transient error: the writer cannot learn what the head holds). Counts the swaps refused.
+    """
 
     backup: Path | None = None
+    restored_dirs: tuple[str, ...] = ("log", "data")
+    after_restore: Callable[[], None] | None = None
+    lose_answer = False
+    head_reads_failing = 0
+    failing = 0
+    refused = 0
 
-    def put_if_absent(self, name: str, data: BytesLike) -> None:
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
         backup, self.backup = self.backup, None
-        if backup is None or not is_commit(name):
-            super().put_if_absent(name, data)
-            return
-        restore_root(self.root, backup)
-        super().put_if_absent(name, data)
-        raise StorageError(f"timed out writing {name} (it landed)")
+        if backup is not None:
+            restore_root(self.root, backup, self.restored_dirs)
+            self.failing = self.head_reads_failing
+            if self.after_restore is not None:
+                self.after_restore()
+        lose = backup is not None and self.lose_answer
+        try:
+            token = super().swap(name, data, expected, copy_to)
+        except SwapConflict:
+            self.refused += 1
+            if lose:
+                raise StorageError(f"timed out swapping {name}") from None
+            raise
+        if lose:
+            raise StorageError(f"timed out swapping {name}")
+        return token
+
+    def read_versioned(self, name: str, unless: str | None = None) -> tuple[bytes, str] | None:
+        if self.failing and name == HEAD_NAME:
+            self.failing -= 1
+            raise StorageError(f"cannot read {name}: service unavailable")
+        return super().read_versioned(name, unless)
 
 
 def test_a_commit_whose_answer_was_lost_is_not_acknowledged_after_a_restore_gap(tmp_path: Path) -> None:
-    """A commit that landed after a restore gap and whose answer was lost (found by reading
-    it back) is checked for its predecessor too: never acknowledged unless a fresh reader sees
-    it."""
+    """The root is restored from an older copy just before a writer swaps the head, and the
+    swap's answer is lost. The writer reads the head to learn whether its commit landed: the
+    head is older than the commit, so it did not. The retry's swap, conditional on the head the
+    cache applied, is refused too, and the writer finds the head older than its cache: nothing
+    is acknowledged, nothing is written at the commit's name, and a fresh reader holds the
+    restored history."""
     root = tmp_path / "root"
-    storage = RestoreThenLoseResponse(root, fsync=False)
+    storage = RestoreBeforeSwap(root, fsync=False)
+    storage.lose_answer = True
     # data files of their own: restore_root puts back the data directory of the backup
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", commit_inline_bytes=0, **QUIET)
-    acknowledged = False
     try:
         write_past_a_backup(store, root, tmp_path / "backup")
         storage.backup = tmp_path / "backup"
-        try:
+        with pytest.raises(StorageBehindError, match="whose newest commit is version 1"):
             store.put(b"d", b"4", sync=True)
-            acknowledged = True
-        except (StorageBehindError, StorageError):
-            pass  # not acknowledged: fine
+        assert storage.refused == 2  # the swap whose answer was lost, and its retry
+        assert _commit_versions(root) == [1] and head_version(storage) == 1
     finally:
         store.close(flush=False)
     with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as reader:
-        if acknowledged:
-            assert reader.get(b"d") == b"4", "an acknowledged write is invisible to every fresh reader"
+        assert reader.check() == []
+        assert reader.get(b"a") == b"1"
+        assert [reader.get(k) for k in (b"b", b"c", b"d")] == [None] * 3
 
 
-# -- A commit left after a gap never blocks the store ---------------------------------------------
-
-class RestoreOnCommitFailingTakeBack(LocalStorage):
-    """Restores the root from ``backup`` just before the next commit is written; the next
-    delete of a commit fails (a transient error: nothing deleted)."""
-
-    backup: Path | None = None
-    fail_commit_delete = False
-    after_restore: Callable[[], None] | None = None
-    restored_dirs: tuple[str, ...] = ("log", "data")
-
-    def put_if_absent(self, name: str, data: BytesLike) -> None:
-        backup, self.backup = self.backup, None
-        if backup is not None and is_commit(name):
-            restore_root(self.root, backup, self.restored_dirs)
-            self.fail_commit_delete = True
-            if self.after_restore is not None:
-                self.after_restore()
-        super().put_if_absent(name, data)
-
-    def delete(self, name: str) -> None:
-        if self.fail_commit_delete and is_commit(name):
-            self.fail_commit_delete = False
-            raise StorageError(f"cannot delete {name}: service unavailable")
-        super().delete(name)
-
-
-def test_a_commit_left_after_a_gap_is_refused_and_the_store_goes_on(tmp_path: Path) -> None:
-    """A commit written after a restore gap whose take-back failed (or whose writer died before
-    taking it back) names a predecessor the root does not hold: once the versions before it
-    are written again, every reader refuses it as a no-op, and opens and writes go on."""
+def test_a_writer_whose_root_is_restored_before_its_swap_writes_nothing_and_the_store_goes_on(
+        tmp_path: Path) -> None:
+    """The root is restored from an older copy between a writer's read of the head and its
+    swap: the swap, conditional on the head the writer's cache applied, is refused, so nothing
+    of that writer is left on the restored root (not even at its version's name, which the next
+    writer takes). Writers and readers of the restored root go on from it."""
     root = tmp_path / "root"
-    storage = RestoreOnCommitFailingTakeBack(root, fsync=False)
+    storage = RestoreBeforeSwap(root, fsync=False)
     # data files of their own: restore_root puts back the data directory of the backup
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", commit_inline_bytes=0, **QUIET)
     try:
         write_past_a_backup(store, root, tmp_path / "backup")
         storage.backup = tmp_path / "backup"
         with pytest.raises(StorageBehindError):
-            store.put(b"d", b"4", sync=True)  # not acknowledged, but its take-back failed
+            store.put(b"d", b"4", sync=True)  # never acknowledged
+        assert storage.refused == 1
+        assert _commit_versions(root) == [1] and head_version(storage) == 1
     finally:
         store.close(flush=False)
-    # Life goes on on the restored root: a writer fills the versions up to the stray commit.
+    # Life goes on on the restored root: a writer takes the versions the lost history had.
     with kvlog.open(root, cache_dir=tmp_path / "writer", **QUIET) as writer:
         for i in range(4):
-            try:
-                writer.put(f"w{i}".encode(), b"x", sync=True)
-            except KvlogError:
-                break
-    # Every later open must still work (the stray commit is not part of the history).
+            writer.put(f"w{i}".encode(), b"x", sync=True)
+        assert writer.log.version == 5
     with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as reader:
+        assert reader.check() == []
         assert reader.get(b"a") == b"1"
-        assert reader.get(b"d") is None
+        assert [reader.get(k) for k in (b"b", b"c", b"d")] == [None] * 3
+        assert [reader.get(f"w{i}".encode()) for i in range(4)] == [b"x"] * 4
     with kvlog.open(root, cache_dir=tmp_path / "fresh2", **QUIET) as again:
         again.put(b"e", b"5", sync=True)
         assert again.get(b"e") == b"5"
@@ -184,17 +209,16 @@ def test_a_commit_left_after_a_gap_is_refused_and_the_store_goes_on(tmp_path: Pa
 
 # -- Readers that start from a checkpoint decide like readers that replayed --------------------
 
-def test_a_reader_from_a_checkpoint_refuses_a_commit_written_after_a_gap_like_every_reader(
+def test_readers_from_a_checkpoint_and_from_replay_agree_after_a_stale_writers_swap_is_refused(
     tmp_path: Path,
 ) -> None:
-    """A reader that starts from a checkpoint checks the first commit after it against the
-    checkpoint's commit, so a commit written after a restore gap is refused by it as by a
-    reader that replayed: readers of one root never disagree, and nobody sees a write its
-    writer was told was not acknowledged."""
+    """Only the log prefix is restored (data files are immutable, uniquely named objects), and
+    another writer writes and checkpoints on the restored root before a writer that kept its
+    cache swaps. That swap is refused, so the root holds one history: a reader starting from
+    the other writer's checkpoint and one that replayed every commit reach the same state, and
+    neither sees the write its writer was told was not acknowledged."""
     root = tmp_path / "root"
-    storage = RestoreOnCommitFailingTakeBack(root, fsync=False)
-    # Only the log prefix is rolled back (data files are immutable, uniquely named objects):
-    # the stray commit's data file stays, so what differs is only which readers apply it.
+    storage = RestoreBeforeSwap(root, fsync=False)
     storage.restored_dirs = ("log",)
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET)
     try:
@@ -202,24 +226,27 @@ def test_a_reader_from_a_checkpoint_refuses_a_commit_written_after_a_gap_like_ev
 
         def another_writer_on_the_restored_root() -> None:
             with kvlog.open(root, cache_dir=tmp_path / "writer", checkpoint_interval=1, **QUIET) as w:
-                w.put(b"w", b"x", sync=True)  # versions 3 (its producer) and 4, checkpointed
+                w.put(b"w", b"x", sync=True)  # version 2, checkpointed
 
         storage.after_restore = another_writer_on_the_restored_root
         storage.backup = tmp_path / "backup"
         with pytest.raises(StorageBehindError):
-            store.put(b"d", b"4", sync=True)  # lands at 5 after the restore; not acknowledged
+            store.put(b"d", b"4", sync=True)  # not acknowledged
+        assert storage.refused == 1
     finally:
         store.close(flush=False)
-    assert sorted((root / "log").glob("*.checkpoint.json")), "the other writer checkpointed"
+    assert [p.name for p in (root / "log").glob("*.checkpoint.json")] == [
+        "00000000000000000002.checkpoint.json"], "the other writer checkpointed"
+    assert _commit_versions(root) == [1, 2] and head_version(LocalStorage(root)) == 2
+
+    def view(reader: kvlog.Store) -> tuple[object, ...]:
+        return reader.log.version, reader.get(b"a"), reader.get(b"w"), reader.get(b"c"), reader.get(b"d")
+
     with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as fresh:
-        fresh_view = (fresh.log.version, fresh.get(b"d"))
-    try:
-        with kvlog.open(root, read_only=True, cache_dir=tmp_path / "writer") as replayed:
-            replayed_view: object = (replayed.log.version, replayed.get(b"d"))
-    except StorageBehindError as e:
-        replayed_view = e
-    assert fresh_view == replayed_view, "two readers of one root reached different states"
-    assert fresh_view[1] is None, "a fresh reader sees a write its writer was told was not acknowledged"
+        fresh_view = view(fresh)
+    with kvlog.open(root, read_only=True, cache_dir=tmp_path / "writer") as replayed:
+        replayed_view = view(replayed)
+    assert fresh_view == replayed_view == (2, b"1", b"x", None, None)
 
 
 # -- A writer behind the commit retention window ---------------------------------------------
@@ -236,35 +263,47 @@ class HookOnDataRead(LocalStorage):
         return super().read_range(name, start, length)
 
 
+#: Commits are collected below the newest checkpoint as soon as one is written. Data files of
+#: their own: commit GC keeps a commit whose inline file is live.
+_COLLECTING = {**QUIET, "checkpoint_interval": 1, "commit_retention_ms": 0, "commit_inline_bytes": 0}
+
+
+def _others_write_past_and_collect(root: Path, cache: Path) -> int:
+    """Another writer writes three commits, each checkpointed, and collects the commits below
+    the newest checkpoint: a cache behind them can no longer replay to the head. Returns the
+    head's version."""
+    with kvlog.open(root, cache_dir=cache, **_COLLECTING) as other:
+        for key in (b"other", b"other2", b"other3"):
+            time.sleep(0.01)  # each checkpoint's storage time is after the commits it covers
+            other.put(key, b"x", sync=True)
+        assert other.gc()["commits"] >= 2
+        return other.log.version
+
+
 def test_a_writer_behind_the_commit_retention_window_catches_up_beside_its_reads(
     tmp_path: Path,
 ) -> None:
-    """A writer whose head commit was collected by commit GC (it idled past
-    ``commit_retention_ms``) catches up inside ``commit()`` without emptying the key index its
-    reads use: a read made while the caught-up cache is being built (at its first batch read)
-    still answers, and the write then lands at the head with everything before it."""
+    """A writer whose next commits were collected by commit GC (it idled past
+    ``commit_retention_ms``) is refused at the swap (the head moved on) and catches up inside
+    ``commit()`` without emptying the key index its reads use: a read made while the caught-up
+    cache is being built (at its first batch read) still answers, from the cache as it was, and
+    the write then lands at the head with everything before it."""
     root = tmp_path / "root"
     storage = HookOnDataRead(root, fsync=False)
-    # data files of their own: commit GC keeps a commit whose inline file is live, and the hook
-    # runs at a data file's read
-    settings = {**QUIET, "checkpoint_interval": 1, "commit_retention_ms": 0, "commit_inline_bytes": 0}
+    # Its reads never refresh on their own: the read in the hook reads the cache beside the
+    # catch-up rather than catching up itself.
+    settings = {**_COLLECTING, "refresh_interval_ms": 3_600_000}
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", **settings)
     try:
         store.put(b"held", b"value", sync=True)
-        time.sleep(0.01)
-        with kvlog.open(root, cache_dir=tmp_path / "other", **settings) as other:
-            other.put(b"other", b"x", sync=True)
-            time.sleep(0.01)
-            other.put(b"other2", b"x", sync=True)
-            time.sleep(0.01)
-            other.put(b"other3", b"x", sync=True)
-            # The first writer's head commit and the one after it are gone: its cache cannot
-            # replay to the head (commit GC keeps only the commit below the newest checkpoint).
-            assert other.gc()["commits"] >= 2
+        store.refresh()
+        head = _others_write_past_and_collect(root, tmp_path / "other")
+        assert not (root / commit_name(store.log.version + 1)).exists()
         during: list[object] = []
-        storage.hook = lambda: during.append(store.get(b"held"))
+        storage.hook = lambda: during.append((store.log.version, store.get(b"held")))
         store.put(b"next", b"y", sync=True)
-        assert during == [b"value"]
+        assert during == [(1, b"value")]
+        assert store.log.version == head + 1
         assert [store.get(k) for k in (b"held", b"other3", b"next")] == [b"value", b"x", b"y"]
     finally:
         store.close()
@@ -273,44 +312,62 @@ def test_a_writer_behind_the_commit_retention_window_catches_up_beside_its_reads
         assert again.check() == []
 
 
-# -- A follow check that could not be made is made before the next write ----------------------
+class HookOnRead(LocalStorage):
+    """Runs ``hook`` once, at the next read of the object named ``name``."""
 
-class RestoreOnCommitFailingFollowCheck(LocalStorage):
-    """Restores the root from ``backup`` just before the next commit is written; the next
-    ``failing_reads`` reads of a commit after it fail (a transient error: the writer cannot
-    learn whether the commit it follows is still there)."""
-
-    backup: Path | None = None
-    failing_reads = 0
-
-    def put_if_absent(self, name: str, data: BytesLike) -> None:
-        backup, self.backup = self.backup, None
-        if backup is not None and is_commit(name):
-            restore_root(self.root, backup)
-            super().put_if_absent(name, data)
-            self.landed = name
-            self.failing_reads = 1
-            return
-        super().put_if_absent(name, data)
+    name = ""
+    hook: Callable[[], None] | None = None
 
     def read(self, name: str) -> bytes:
-        if self.failing_reads and is_commit(name) and name != self.landed:
-            self.failing_reads -= 1
-            raise StorageError(f"cannot read {name}: service unavailable")
+        if self.hook is not None and name == self.name:
+            hook, self.hook = self.hook, None
+            hook()
         return super().read(name)
 
-    landed = ""
 
-
-def test_a_writer_that_could_not_check_its_commit_after_a_restore_never_writes_on_top_of_it(
-        tmp_path: Path) -> None:
-    """A commit that landed after a restore gap, whose writer could not read its predecessor
-    (a transient error) and so neither acknowledged nor took it back, is still in the cache:
-    the next commit, checkpoint or GC of that cache finds that the commit before it is gone and
-    refuses to write, so no commit and no checkpoint of the lost history follows it, and a fresh
-    opener reads the restored root with every acknowledged write."""
+def test_a_writer_whose_shared_cache_another_handle_caught_up_meanwhile_writes_at_the_head(
+    tmp_path: Path,
+) -> None:
+    """Two handles share one cache, behind commit GC. The writer, refused at the swap, finds its
+    next commit missing; before it catches up, the other handle catches the shared cache up
+    from the checkpoint. The writer then has nothing left to load: the cache is on the root's
+    history, at the head, and the write lands there."""
     root = tmp_path / "root"
-    storage = RestoreOnCommitFailingFollowCheck(root, fsync=False)
+    with kvlog.open(root, cache_dir=tmp_path / "shared", **_COLLECTING) as first:
+        first.put(b"held", b"value", sync=True)
+    storage = HookOnRead(root, fsync=False)
+    writer = kvlog.open(storage, cache_dir=tmp_path / "shared", **_COLLECTING)
+    reader = kvlog.open(root, cache_dir=tmp_path / "shared", read_only=True, **_COLLECTING)
+    try:
+        head = _others_write_past_and_collect(root, tmp_path / "other")
+        storage.name = commit_name(writer.log.version + 1)
+        storage.hook = reader.refresh  # the shared cache catches up from the checkpoint here
+        writer.put(b"next", b"y", sync=True)
+        assert storage.hook is None, "the writer never read its missing next commit"
+        assert writer.log.version == head + 1
+        assert [writer.get(k) for k in (b"held", b"other3", b"next")] == [b"value", b"x", b"y"]
+    finally:
+        writer.close()
+        reader.close()
+    with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as fresh:
+        assert [fresh.get(k) for k in (b"held", b"other3", b"next")] == [b"value", b"x", b"y"]
+        assert fresh.check() == []
+
+
+# -- A writer that could not learn what the head holds writes nothing on a restored root ----------
+
+def test_a_writer_that_could_not_read_the_head_after_a_restore_never_writes_on_the_restored_root(
+        tmp_path: Path) -> None:
+    """The root is restored just before a writer swaps the head; the swap is refused, and the
+    writer cannot read the head to learn why (a transient error): the write fails. Its cache
+    still holds the commits the restore removed, and every later commit, checkpoint and GC of
+    that cache meets the restored head (its swaps are refused, and the head is older than the
+    cache): nothing of the lost history is written on the restored root, and a fresh opener
+    reads it with every acknowledged write. Reopening the cache names the lost commits;
+    accepting their loss rebuilds it from the restored root."""
+    root = tmp_path / "root"
+    storage = RestoreBeforeSwap(root, fsync=False)
+    storage.head_reads_failing = 1
     # data files of their own: restore_root puts back the data directory of the backup
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", checkpoint_interval=2, commit_inline_bytes=0,
                        **QUIET)
@@ -318,8 +375,9 @@ def test_a_writer_that_could_not_check_its_commit_after_a_restore_never_writes_o
     try:
         write_past_a_backup(store, root, tmp_path / "backup")
         storage.backup = tmp_path / "backup"
-        with pytest.raises(StorageError):
-            store.put(b"d", b"4", sync=True)  # landed after the gap; its check failed
+        with pytest.raises(StorageError, match="service unavailable"):
+            store.put(b"d", b"4", sync=True)  # refused, and the head could not be read
+        assert storage.refused == 1 and storage.failing == 0
         for i in range(6):
             key = f"e{i}".encode()
             try:
@@ -327,13 +385,14 @@ def test_a_writer_that_could_not_check_its_commit_after_a_restore_never_writes_o
                 acknowledged.append(key)
             except StorageBehindError:
                 pass
-        assert acknowledged == [], "a write acknowledged on top of a commit that follows a gap"
+        assert acknowledged == [], "a write acknowledged on a root restored under its writer"
         with pytest.raises(StorageBehindError):
             store.gc()
     finally:
         store.close(flush=False)
+    assert _commit_versions(root) == [1] and head_version(LocalStorage(root)) == 1
     names = sorted(p.name for p in (root / "log").iterdir())
-    assert not any(n.endswith(".checkpoint.json") and int(n.split(".")[0]) > 3 for n in names), names
+    assert not any(n.endswith(".checkpoint.json") and int(n.split(".")[0]) > 1 for n in names), names
     with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as reader:
         assert reader.check() == []
         assert reader.get(b"a") == b"1"
@@ -351,106 +410,111 @@ def test_a_writer_that_could_not_check_its_commit_after_a_restore_never_writes_o
         assert reader.get(b"f") == b"6"
 
 
-# -- The retry of a flush whose commit followed a gap is no duplicate -----------------------------
+# -- The retry of a flush refused after a restore is no duplicate ---------------------------------
 
-#: A storage for ``root`` and how to arm it: restore the root from a backup at the next commit.
-Restoring = Callable[[Path], tuple[LocalStorage, Callable[[Path], None]]]
-
-
-def _restore_on_commit(root: Path) -> tuple[LocalStorage, Callable[[Path], None]]:
-    storage = HookBeforeCommit(root, fsync=False)
-
-    def arm(backup: Path) -> None:
-        storage.hook = lambda: restore_root(root, backup)
-    return storage, arm
+def _refused(storage: RestoreBeforeSwap, root: Path, cache: Path) -> None:
+    """The swap is refused; the writer reads the head and finds it older than its cache."""
 
 
-def _restore_then_lose_response(root: Path) -> tuple[LocalStorage, Callable[[Path], None]]:
-    storage = RestoreThenLoseResponse(root, fsync=False)
-    return storage, lambda backup: setattr(storage, "backup", backup)
+def _refused_answer_lost(storage: RestoreBeforeSwap, root: Path, cache: Path) -> None:
+    """The swap's answer is lost; the writer reads the head to learn whether it landed."""
+    storage.lose_answer = True
 
 
-def _restore_failing_take_back(root: Path) -> tuple[LocalStorage, Callable[[Path], None]]:
-    storage = RestoreOnCommitFailingTakeBack(root, fsync=False)
-    return storage, lambda backup: setattr(storage, "backup", backup)
+def _refused_head_unreadable(storage: RestoreBeforeSwap, root: Path, cache: Path) -> None:
+    """The swap is refused and the head cannot be read once (a transient error)."""
+    storage.head_reads_failing = 1
 
 
-def _restore_failing_follow_check(root: Path) -> tuple[LocalStorage, Callable[[Path], None]]:
-    storage = RestoreOnCommitFailingFollowCheck(root, fsync=False)
-    return storage, lambda backup: setattr(storage, "backup", backup)
+def _refused_others_wrote_on(storage: RestoreBeforeSwap, root: Path, cache: Path) -> None:
+    """Another writer wrote on the restored root past the writer's version: the head is newer
+    than the writer's cache, and the commits before it are of another history."""
+    def others() -> None:
+        with kvlog.open(root, cache_dir=cache, **QUIET) as other:
+            for i in range(3):
+                other.put(f"o{i}".encode(), b"x", sync=True)
+    storage.after_restore = others
 
 
-@pytest.mark.parametrize("restoring", [
-    pytest.param(_restore_on_commit, id="taken-back"),
-    pytest.param(_restore_then_lose_response, id="answer-lost-then-taken-back"),
-    pytest.param(_restore_failing_take_back, id="take-back-failed"),
-    pytest.param(_restore_failing_follow_check, id="follow-check-failed"),
+@pytest.mark.parametrize(("restoring", "first_error"), [
+    pytest.param(_refused, StorageBehindError, id="refused"),
+    pytest.param(_refused_answer_lost, StorageBehindError, id="answer-lost"),
+    pytest.param(_refused_head_unreadable, StorageError, id="head-unreadable"),
+    pytest.param(_refused_others_wrote_on, StorageBehindError, id="others-wrote-on"),
 ])
 @pytest.mark.parametrize("retry", ["flush", "background"])
-def test_the_retry_of_a_flush_whose_commit_followed_a_restore_gap_acknowledges_nothing(
-        tmp_path: Path, restoring: Restoring, retry: str) -> None:
-    """A flush whose commit landed after a restore gap fails (the commit taken back, or its
-    check not made), but the writer's cache applied that commit, producer sequences included,
-    and the flush's batches stay buffered for a retry. The retry must not take them for
-    duplicates of a commit in storage and acknowledge them: neither ``flush()`` nor the
-    background flusher (whose success ``flush()`` would report) ever succeeds for them, and a
-    fresh reader of the restored root holds every acknowledged write and not the lost one."""
+def test_the_retry_of_a_flush_refused_after_a_restore_acknowledges_nothing(
+        tmp_path: Path, restoring: Callable[[RestoreBeforeSwap, Path, Path], None],
+        first_error: type[Exception], retry: str) -> None:
+    """A flush whose swap met a root restored under its writer fails, and its batches stay
+    buffered for a retry, while the writer's cache still holds the commits the restore removed
+    (producer sequences included). The retry must not take the batches for duplicates of a
+    commit in that cache and acknowledge them: neither ``flush()`` nor the background flusher
+    (whose success ``flush()`` would report) ever succeeds for them, and a fresh reader of the
+    restored root holds every acknowledged write and not the lost one."""
     root = tmp_path / "root"
-    storage, arm = restoring(root)
+    storage = RestoreBeforeSwap(root, fsync=False)
+    restoring(storage, root, tmp_path / "others")
     # data files of their own: restore_root puts back the data directory of the backup
     settings = {**QUIET, "flush_interval_ms": 20 if retry == "background" else 0, "commit_inline_bytes": 0}
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", **settings)
     try:
         write_past_a_backup(store, root, tmp_path / "backup")
-        arm(tmp_path / "backup")
-        with pytest.raises((StorageBehindError, StorageError)):
-            store.put(b"d", b"4", sync=True)  # its commit followed the gap: not acknowledged
+        storage.backup = tmp_path / "backup"
+        with pytest.raises(first_error):
+            store.put(b"d", b"4", sync=True)  # refused: not acknowledged
         if retry == "background":
             time.sleep(0.3)  # the background flusher retries the failed flush meanwhile
         for _ in range(3):
             with pytest.raises(StorageBehindError):
                 store.flush()
+        assert storage.refused >= 1
+        assert head_version(LocalStorage(root)) == (4 if restoring is _refused_others_wrote_on else 1)
+        assert _commit_versions(root) == list(range(1, head_version(LocalStorage(root)) + 1))
     finally:
         store.close(flush=False)
     with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as reader:
+        assert reader.check() == []
         assert reader.get(b"a") == b"1"
-        assert reader.get(b"d") is None
+        assert [reader.get(k) for k in (b"b", b"c", b"d")] == [None] * 3
+        if restoring is _refused_others_wrote_on:
+            assert reader.get(b"o2") == b"x"
 
 
-# -- A commit of ours after a gap stays a gap under another writer's commit ----------------------
+# -- Writers that kept their caches through a restore --------------------------------------------
 
-class FailingOnce(LocalStorage):
-    """Fails the next read of ``fail_read`` and the next delete of a commit when told to."""
+class HeadReadsFailing(LocalStorage):
+    """Fails the next ``failing`` reads of the head (a transient error); counts refused swaps."""
 
-    fail_read: str | None = None
-    fail_commit_delete = False
+    failing = 0
+    refused = 0
 
-    def read(self, name: str) -> bytes:
-        if name == self.fail_read:
-            self.fail_read = None
+    def read_versioned(self, name: str, unless: str | None = None) -> tuple[bytes, str] | None:
+        if self.failing and name == HEAD_NAME:
+            self.failing -= 1
             raise StorageError(f"cannot read {name}: service unavailable")
-        return super().read(name)
+        return super().read_versioned(name, unless)
 
-    def delete(self, name: str) -> None:
-        if self.fail_commit_delete and is_commit(name):
-            self.fail_commit_delete = False
-            raise StorageError(f"cannot delete {name}: service unavailable")
-        super().delete(name)
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
+        try:
+            return super().swap(name, data, expected, copy_to)
+        except SwapConflict:
+            self.refused += 1
+            raise
 
 
-def test_a_commit_after_a_gap_covered_by_another_writers_commit_is_still_never_written_on(
+def test_writers_that_kept_their_caches_through_a_restore_never_write_on_the_restored_root(
         tmp_path: Path) -> None:
-    """Two writers keep their caches through a restore. Writer A commits after the gap, but
-    cannot read the commit its commit follows (a transient error): neither acknowledged nor
-    taken back, its commit stays. Writer B, whose own last commit the restore removed, commits
-    on top of A's; B's check finds A's commit where its own was, but B cannot take its commit
-    back either. A's cache applies B's commit as a refused no-op, and the head's link to the
-    commit before it (A's) holds: A must still find that its own commit follows a gap, and
-    acknowledge nothing on top of it (no commit, no checkpoint a fresh reader would start
-    from, no retry of its failed flush)."""
+    """Two writers keep their caches through a restore: A applied versions up to x, B up to
+    x + 1, both past the restored head. A's swap is refused and A cannot read the head to learn
+    why (a transient error); B's is refused. A third writer, on a fresh cache, then writes on
+    the restored root past both versions: the commits A and B applied at those versions are
+    not the root's. Neither A nor B acknowledges anything on it (no commit, no checkpoint a
+    fresh reader would start from, no retry of A's failed flush), and a fresh reader holds the
+    restored history and the third writer's writes."""
     root = tmp_path / "root"
-    a_storage = FailingOnce(root, fsync=False)
-    b_storage = FailingOnce(root, fsync=False)
+    a_storage = HeadReadsFailing(root, fsync=False)
+    b_storage = HeadReadsFailing(root, fsync=False)
     # data files of their own: restore_root puts back the data directory of the backup
     a = kvlog.open(a_storage, cache_dir=tmp_path / "a", checkpoint_interval=2, commit_inline_bytes=0, **QUIET)
     b = kvlog.open(b_storage, cache_dir=tmp_path / "b", checkpoint_interval=2, commit_inline_bytes=0, **QUIET)
@@ -460,29 +524,38 @@ def test_a_commit_after_a_gap_covered_by_another_writers_commit_is_still_never_w
         copy_root(root, tmp_path / "backup")
         a.put(b"b", b"2", sync=True)  # A's own commit at version x
         b.put(b"c", b"3", sync=True)  # B's own commit at x + 1
+        x = a.log.version
+        assert b.log.version == x + 1
         restore_root(root, tmp_path / "backup")
-        a_storage.fail_read = commit_name(a.log.version)
-        with pytest.raises(StorageError):
-            a.put(b"d", b"4", sync=True)  # A's commit lands at x + 1, after the gap, unchecked
-        b_storage.fail_commit_delete = True
+        a_storage.failing = 1
+        with pytest.raises(StorageError, match="service unavailable"):
+            a.put(b"d", b"4", sync=True)  # refused, and the head could not be read
         with pytest.raises(StorageBehindError):
-            b.put(b"e", b"5", sync=True)  # lands at x + 2 on top of A's, and stays
+            b.put(b"e", b"5", sync=True)  # refused: the head is older than B's cache
+        with kvlog.open(root, cache_dir=tmp_path / "c", **QUIET) as c:
+            for key in (b"c1", b"c2", b"c3"):
+                c.put(key, b"7", sync=True)
+            assert c.log.version == x + 2
         for key in (b"f", b"g", b"h"):
-            try:
-                a.put(key, b"6", sync=True)
-                acknowledged.append(key)
-            except StorageBehindError:
-                pass
+            for writer in (a, b):
+                try:
+                    writer.put(key, b"6", sync=True)
+                    acknowledged.append(key)
+                except StorageBehindError:
+                    pass
         try:
             a.flush()
             acknowledged.append(b"d")
         except StorageBehindError:
             pass
-        assert acknowledged == [], "a write acknowledged on top of a commit that follows a gap"
+        assert acknowledged == [], "a write acknowledged on a root restored under its writer"
+        assert a_storage.refused >= 1 and b_storage.refused >= 1
     finally:
         a.close(flush=False)
         b.close(flush=False)
+    assert _commit_versions(root) == list(range(1, x + 3))
     with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as reader:
         assert reader.check() == []
         assert reader.get(b"a") == b"1"
-        assert [reader.get(k) for k in (b"d", b"f", b"g", b"h")] == [None] * 4
+        assert [reader.get(k) for k in (b"c1", b"c2", b"c3")] == [b"7"] * 3
+        assert [reader.get(k) for k in (b"b", b"c", b"d", b"e", b"f", b"g", b"h")] == [None] * 7

@@ -16,36 +16,39 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from root_surgery import QUIET, age_every_data_file, is_commit
+from root_surgery import QUIET, age_every_data_file
 
 import kvlog
 from kvlog.clock import ManualClock
 from kvlog.errors import ConfigError, StorageError
+from kvlog.log.head import HEAD_NAME
+from kvlog.log.naming import parse_log_name
 from kvlog.storage import LocalStorage
-from kvlog.storage.base import BytesLike, ObjectInfo
+from kvlog.storage.base import BytesLike
 
 
 class InterleavingStorage(LocalStorage):
-    """A real local storage that runs ``hook`` once, just before the next commit is written."""
+    """A real local storage that runs ``hook`` once, just before the next commit is published
+    (the swap of the head)."""
 
     hook: Callable[[], None] | None = None
 
-    def put_if_absent(self, name: str, data: BytesLike) -> None:
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
         hook, self.hook = self.hook, None
-        if hook is not None and name.startswith("log/") and name.endswith(".json"):
+        if hook is not None and name == HEAD_NAME:
             hook()
-        super().put_if_absent(name, data)
+        return super().swap(name, data, expected, copy_to)
 
 
-
-
-def _gc_by_another_writer(root: Path, cache: Path) -> Callable[[], None]:
+def _gc_by_another_writer(root: Path, cache: Path, collected: list[dict[str, int]]) -> Callable[[], None]:
+    """Age every data file and run GC from another handle; what it deleted goes to ``collected``."""
     def run() -> None:
         age_every_data_file(root)
         with kvlog.open(root, cache_dir=cache, **QUIET) as other:
-            other.gc()
+            collected.append(other.gc())
     return run
 
 
@@ -60,8 +63,10 @@ def test_a_compaction_slower_than_the_delete_delay_loses_nothing(tmp_path: Path)
                 store.put(key, value)
                 expected[key] = value
             store.flush()
-        storage.hook = _gc_by_another_writer(root, tmp_path / "other-cache")
+        collected: list[dict[str, int]] = []
+        storage.hook = _gc_by_another_writer(root, tmp_path / "other-cache", collected)
         report = store.compact(force=True)
+        assert collected[0]["orphans"] > 0
         assert report.refused  # its outputs were collected first: the job was discarded whole
         assert store.check() == []
         assert dict(store.scan()) == expected
@@ -77,10 +82,13 @@ def test_a_compaction_slower_than_the_delete_delay_loses_nothing(tmp_path: Path)
 def test_a_flush_slower_than_the_delete_delay_loses_nothing(tmp_path: Path) -> None:
     root = tmp_path / "root"
     storage = InterleavingStorage(root, fsync=False)
-    with kvlog.open(storage, cache_dir=tmp_path / "cache", **QUIET) as store:
+    # data files of their own: a flush small enough to travel inside its commit has no file to lose
+    with kvlog.open(storage, cache_dir=tmp_path / "cache", commit_inline_bytes=0, **QUIET) as store:
         store.put(b"before", b"1", sync=True)
-        storage.hook = _gc_by_another_writer(root, tmp_path / "other-cache")
+        collected: list[dict[str, int]] = []
+        storage.hook = _gc_by_another_writer(root, tmp_path / "other-cache", collected)
         store.put(b"slow", b"acknowledged", sync=True)  # its first file is collected meanwhile
+        assert collected[0]["orphans"] == 1
         assert store.check() == []
     with kvlog.open(root, read_only=True, cache_dir=tmp_path / "fresh") as reader:
         assert reader.get(b"slow") == b"acknowledged"
@@ -125,42 +133,67 @@ def test_the_background_gc_with_the_smallest_delay_takes_no_inflight_file(tmp_pa
         assert len(store) == 50
 
 
-class _NewestFirstFailingSecondCommitDelete(LocalStorage):
-    """A real local storage listing names newest first (a directory's order is arbitrary),
-    whose second deletion of a commit fails: commit GC cut short halfway."""
+class _FailingCommitDelete(LocalStorage):
+    """A real local storage whose ``fail_at``-th deletion of a commit fails: commit GC cut short."""
 
-    commit_deletes = 0
-
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
-        return sorted(super().list(prefix), key=lambda info: info.name, reverse=True)
+    def __init__(self, root: Path, fail_at: int, **kwargs: Any) -> None:
+        super().__init__(root, **kwargs)
+        self.fail_at = fail_at
+        self.commit_deletes = 0
 
     def delete(self, name: str) -> None:
-        if is_commit(name):
+        parsed = parse_log_name(name)
+        if parsed is not None and parsed[1] == "commit":
             self.commit_deletes += 1
-            if self.commit_deletes == 2:
+            if self.commit_deletes == self.fail_at:
                 raise StorageError(f"injected: deleting {name} failed")
         super().delete(name)
 
 
-def test_commit_gc_cut_short_leaves_the_remaining_commits_contiguous(tmp_path: Path) -> None:
-    """Commit GC deletes oldest first, so whenever it stops the commits left have no gap: a
-    cache whose head storage still holds then never stops replaying below the checkpoint and
-    takes a freed version for its next commit."""
+def _commits_left(root: Path) -> list[int]:
+    """The versions whose commits ``root`` holds (not the head object)."""
+    parsed = (parse_log_name(f"log/{p.name}") for p in (root / "log").iterdir())
+    return sorted(p[0] for p in parsed if p is not None and p[1] == "commit")
+
+
+@pytest.mark.parametrize("fail_at", [1, 2, 4])
+def test_commit_gc_cut_short_leaves_a_store_every_cache_goes_on_from(tmp_path: Path, fail_at: int) -> None:
+    """Commit GC stops at a failed deletion with part of the commits below the newest
+    checkpoint gone. Caches left at every version below it go on: one whose next commit
+    is gone catches up from the checkpoint, one whose next commit is left replays it (its
+    ``prev`` names the commit the cache applied, collected or not); each one's write lands at
+    the head, never in a version GC freed; GC run again collects the rest; a fresh reader
+    holds every write."""
     root = tmp_path / "root"
     # data files of their own: commit GC keeps a commit whose inline file is live
-    settings = dict(QUIET, checkpoint_interval=1, commit_retention_ms=0, commit_inline_bytes=0)
-    with kvlog.open(_NewestFirstFailingSecondCommitDelete(root, fsync=False), cache_dir=tmp_path / "c",
-                    **settings) as store:
-        for i in range(5):
-            store.put(f"k{i}".encode(), b"v", sync=True)
-        time.sleep(0.01)  # the newest checkpoint's storage time is after the commits it covers
-        store.log.write_checkpoint()
-        time.sleep(0.01)
-        with pytest.raises(StorageError):
-            store.gc()
-    left = sorted(int(p.name.split(".")[0]) for p in (root / "log").iterdir() if is_commit(f"log/{p.name}"))
-    assert left == list(range(left[0], left[-1] + 1)) and left[0] > 1
-    with kvlog.open(root, cache_dir=tmp_path / "c", **settings) as again:
-        assert again.gc()["commits"] > 0
-        assert [again.get(f"k{i}".encode()) for i in range(5)] == [b"v"] * 5
-        assert again.check() == []
+    settings = dict(QUIET, checkpoint_interval=1000, commit_retention_ms=0, commit_inline_bytes=0)
+    storage = _FailingCommitDelete(root, fail_at, fsync=False)
+    stale: list[kvlog.Store] = []
+    try:
+        with kvlog.open(storage, cache_dir=tmp_path / "c", **settings) as store:
+            for i in range(5):
+                store.put(f"k{i}".encode(), b"v", sync=True)
+                if i < 3:  # caches left at versions 1, 2 and 3
+                    stale.append(kvlog.open(root, cache_dir=tmp_path / f"stale{i}", **settings))
+            assert [s.log.version for s in stale] == [1, 2, 3]
+            time.sleep(0.01)  # the newest checkpoint's storage time is after the commits it covers
+            store.log.write_checkpoint()
+            time.sleep(0.01)
+            with pytest.raises(StorageError):
+                store.gc()
+            assert _commits_left(root) == list(range(fail_at, 6))  # cut short
+            for n, s in enumerate(stale):
+                s.put(f"stale{n}".encode(), b"w", sync=True)
+            assert _commits_left(root) == [*range(fail_at, 6), 6, 7, 8]  # at the head only
+            assert store.gc()["commits"] > 0
+            assert _commits_left(root) == [5, 6, 7, 8]
+        written = [f"k{i}".encode() for i in range(5)] + [f"stale{n}".encode() for n in range(3)]
+        for s in stale:
+            assert [s.get(k) is not None for k in written] == [True] * 8
+            assert s.check() == []
+        with kvlog.open(root, cache_dir=tmp_path / "fresh", **settings) as again:
+            assert [again.get(k) is not None for k in written] == [True] * 8
+            assert again.check() == []
+    finally:
+        for s in stale:
+            s.close()

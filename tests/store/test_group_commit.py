@@ -23,7 +23,7 @@ SETTINGS: dict[str, Any] = {"flush_interval_ms": 600_000, "background_compaction
 
 
 class _HeldCommit(LocalStorage):
-    """A real local storage that holds the next commit's conditional PUT until released."""
+    """A real local storage that holds the next commit's swap of the head until released."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root, fsync=False)
@@ -31,12 +31,12 @@ class _HeldCommit(LocalStorage):
         self.held = threading.Event()
         self.release = threading.Event()
 
-    def put_if_absent(self, name: str, data: BytesLike) -> None:
-        if self.hold and name.startswith("log/") and not name.endswith(".checkpoint.json"):
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
+        if self.hold:
             self.hold = False
             self.held.set()
             assert self.release.wait(60), "the test never released the held commit"
-        super().put_if_absent(name, data)
+        return super().swap(name, data, expected, copy_to)
 
 
 def _record_bytes(key: bytes) -> int:

@@ -142,12 +142,12 @@ def test_a_commit_storage_keeps_refusing_fails_after_a_few_attempts_not_commit_r
     storage = FaultyStorage(LocalStorage(tmp_path / "store"))
     with kvlog.open(storage, cache_dir=tmp_path / "cache", commit_retries=50, **EXPLICIT_FLUSH) as store:
         store.put("warm", "v", sync=True)
-        storage.set_plan([fail("put_if_absent", "log/*", times=1000)])
+        storage.set_plan([fail("swap", "log/head.json", times=1000)])
         started = time.monotonic()
         with pytest.raises(StorageError, match="8 commit attempts failed"):
             store.put("k", "v", sync=True)
         assert time.monotonic() - started < 20
-        refused = [e for e in storage.history if e.fault and e.op == "put_if_absent"]
+        refused = [e for e in storage.history if e.fault and e.op == "swap"]
         assert len(refused) == 8
         storage.set_plan(None)
         store.flush()

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from root_surgery import is_commit
 from store_support import EXPLICIT_FLUSH, Root
 
 import kvlog
@@ -21,6 +20,7 @@ from kvlog.errors import (
     ReadOnlyError,
 )
 from kvlog.format.commit import Commit
+from kvlog.log.head import HEAD_NAME
 from kvlog.storage import LocalStorage
 from kvlog.storage.base import BytesLike
 
@@ -185,27 +185,30 @@ def test_a_pin_that_does_not_follow_its_version_is_refused(local_root: Root) -> 
 
 
 class HookedStorage(LocalStorage):
-    """A real local storage that runs ``hook`` once, just before the next commit is written."""
+    """A real local storage that runs ``hook`` once, just before the next commit is published
+    (the swap of the head)."""
 
     hook: Callable[[], None] | None = None
 
-    def put_if_absent(self, name: str, data: BytesLike) -> None:
-        if is_commit(name):
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
+        if name == HEAD_NAME:
             hook, self.hook = self.hook, None
             if hook is not None:
                 hook()
-        super().put_if_absent(name, data)
+        return super().swap(name, data, expected, copy_to)
 
 
-#: Commits are kept (the default retention): a commit name GC frees inside a writer's stall is
-#: a hazard of every commit kind, which retention longer than any stall avoids.
-RACE: dict[str, Any] = dict(FAST_GC, commit_retention_ms=kvlog.StoreConfig().commit_retention_ms)
+#: Data files of their own (the compaction replaces them and GC deletes them), and commits kept
+#: (the default retention): the checkpoint opened at the end is checked against its version's commit.
+RACE: dict[str, Any] = dict(FAST_GC, commit_retention_ms=kvlog.StoreConfig().commit_retention_ms,
+                            commit_inline_bytes=0)
 
 
 def test_a_pin_racing_a_compaction_and_gc_in_another_process_keeps_what_it_pins(tmp_path: Path) -> None:
     root = tmp_path / "root"
     storage = HookedStorage(root, fsync=False)
     other_clock = ManualClock(2_000_000_000_000)
+    collected: list[dict[str, int]] = []
 
     def compact_and_collect() -> None:
         # Between the metadata checkpoint and the pin commit: another process replaces every
@@ -213,12 +216,13 @@ def test_a_pin_racing_a_compaction_and_gc_in_another_process_keeps_what_it_pins(
         with kvlog.open(root, cache_dir=tmp_path / "other", clock=other_clock, **RACE) as other:
             other.compact(force=True)
             other_clock.advance(10_000)
-            other.gc()
+            collected.append(other.gc())
 
     with kvlog.open(storage, cache_dir=tmp_path / "cache", partitions=2, **RACE) as store:
         _write_rounds(store, range(3))
         storage.hook = compact_and_collect
         cp = store.checkpoint("raced")  # loses the version to the compaction: pins a later one
+        assert collected[0]["replaced"] > 0
         assert store.refresh() == cp.version + 1
         expected = _state(store)
         assert store.check() == []

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from root_surgery import copy_root, is_commit, restore_root
+from root_surgery import copy_root, restore_root
 from store_support import EXPLICIT_FLUSH, Root
 
 import kvlog
@@ -20,11 +20,11 @@ from kvlog.errors import (
     CorruptDataError,
     InvalidRecordError,
     KvlogError,
-    StorageBehindError,
     StorageError,
 )
 from kvlog.format.commit import Commit
 from kvlog.format.envelope import decode_document, encode_document
+from kvlog.log.head import HEAD_NAME
 from kvlog.storage import LocalStorage
 from kvlog.storage.base import BytesLike
 
@@ -101,7 +101,8 @@ def _delete_data_files_then_expect_a_refusal(local_root: Root, **open_kwargs: An
 
 def test_opening_a_checkpoint_whose_data_files_were_deleted_by_hand(local_root: Root) -> None:
     clock = ManualClock()
-    with local_root.open(clock=clock, partitions=2, **FAST_GC) as store:
+    # data files of their own: the test deletes them (a flush inside its commit has none)
+    with local_root.open(clock=clock, partitions=2, commit_inline_bytes=0, **FAST_GC) as store:
         _write_rounds(store, range(3))
         store.checkpoint("cp")
         _write_rounds(store, range(3, 5))
@@ -320,8 +321,8 @@ def test_a_flipped_byte_in_the_catalog_is_corrupt_data_and_the_cache_is_rebuilt(
 def test_a_cache_just_behind_a_pinned_version_catches_up_and_loses_no_write(tmp_path: Path,
                                                                             reopen: bool) -> None:
     """A cache one commit short of a checkpoint's version, while commit GC collected everything
-    around it: it must catch up to the head (never stop at the pinned version), and a write
-    from it must be seen by every reader."""
+    around it: it must catch up to the head (never stop at the pinned version), reopened or
+    live, and a write from it lands at the head and is seen by every reader."""
     root = tmp_path / "root"
     clock = ManualClock()
     a = kvlog.open(root, cache_dir=tmp_path / "a", clock=clock, partitions=2, **FAST_GC)
@@ -341,13 +342,9 @@ def test_a_cache_just_behind_a_pinned_version_catches_up_and_loses_no_write(tmp_
         if reopen:
             b = kvlog.open(root, cache_dir=tmp_path / "b", clock=clock, **FAST_GC)
             assert b.get("later7") == b"v"  # caught up from the newest metadata checkpoint
-        try:
-            b.put("late", "2", sync=True)
-        except StorageBehindError:  # a live cache behind the retention window: nothing written
-            assert not reopen
-            b.close(flush=False)
-            b = kvlog.open(root, cache_dir=tmp_path / "b", clock=clock, **FAST_GC)
-            b.put("late", "2", sync=True)
+        # A live cache behind the retention window catches up in place: its write lands at the head.
+        b.put("late", "2", sync=True)
+        assert b.log.version > a.log.version
         assert b.get("later7") == b"v"
     finally:
         a.close()
@@ -358,27 +355,27 @@ def test_a_cache_just_behind_a_pinned_version_catches_up_and_loses_no_write(tmp_
 
 
 class AnswerLosingStorage(LocalStorage):
-    """A real local storage that, when told, lets the next commit land but reports a timeout;
-    unless ``learn``, reading that commit back fails five times too, so its outcome stays
-    unknown to its writer."""
+    """A real local storage that, when told, lets the next commit land (its swap of the head)
+    but reports a timeout; unless ``learn``, reading the head fails five times too, so its
+    outcome stays unknown to its writer."""
 
     lose = False
     learn = True
-    _blind: tuple[str, int] = ("", 0)
+    _blind = 0
 
-    def put_if_absent(self, name: str, data: BytesLike) -> None:
-        super().put_if_absent(name, data)
-        if self.lose and is_commit(name):
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
+        token = super().swap(name, data, expected, copy_to)
+        if self.lose and name == HEAD_NAME:
             self.lose = False
-            self._blind = (name, 0 if self.learn else 5)
+            self._blind = 0 if self.learn else 5
             raise StorageError(f"{name}: timed out")
+        return token
 
-    def read(self, name: str) -> bytes:
-        blind, left = self._blind
-        if name == blind and left > 0:
-            self._blind = (blind, left - 1)
+    def read_versioned(self, name: str, unless: str | None = None) -> tuple[bytes, str] | None:
+        if name == HEAD_NAME and self._blind > 0:
+            self._blind -= 1
             raise StorageError(f"{name}: timed out")
-        return super().read(name)
+        return super().read_versioned(name, unless)
 
 
 def _lose_the_answer(storage: AnswerLosingStorage, learn: bool) -> None:
@@ -400,6 +397,7 @@ def test_a_pin_whose_answer_was_lost(tmp_path: Path, learn: bool) -> None:
             with pytest.raises(CheckpointExistsError):  # the retry finds the first one landed
                 store.checkpoint("x")
             [cp] = store.checkpoints()
+        assert not storage.lose  # the pin's answer was lost
         assert store.checkpoints() == [cp]
         _lose_the_answer(storage, learn)
         if learn:
@@ -408,6 +406,7 @@ def test_a_pin_whose_answer_was_lost(tmp_path: Path, learn: bool) -> None:
             with pytest.raises(CommitStateUnknownError):
                 store.delete_checkpoint("x")
             store.refresh()
+        assert not storage.lose
         assert store.checkpoints() == []
         store.put("b", "2", sync=True)
     with kvlog.open(tmp_path / "root", cache_dir=tmp_path / "fresh") as fresh:
@@ -431,6 +430,7 @@ def test_an_offsets_commit_whose_answer_was_lost_is_harmless_to_retry(tmp_path: 
                 with pytest.raises(CommitStateUnknownError):
                     c.commit()
                 c.commit()  # the retry
+            assert not storage.lose  # the offsets commit's answer was lost
             want = {p: c.position(p) for p in c.partitions}
             assert {p: c.committed(p) for p in c.partitions} == want
         assert len(got) == 10

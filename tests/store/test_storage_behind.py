@@ -1,10 +1,11 @@
 """A writer whose cache is ahead of storage never acknowledges a write; check() sees damage.
 
-Commit names are taken with put-if-absent, which cannot tell a free name from a name whose
-commit vanished. A storage root restored from an older copy while a writer kept its cache
-would let the writer acknowledge commits after a gap that no fresh reader crosses, so the
-cache records the newest commit it applied (version, id, checksum), the writer checks it
-is still in storage before each commit, and every commit names the one before it.
+A commit is live once its writer swapped the head (``log/head.json``), conditional on the
+version of the head its cache applied. A storage root restored from an older copy while a
+writer kept its cache holds an older head: the writer's swap is refused, and applying the
+head it finds the head older than its cache, or another commit at a version it applied (the
+cache records the newest commit it applied: version, id, checksum; every commit names the
+one before it). It raises :class:`~kvlog.StorageBehindError` and acknowledges nothing.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from root_surgery import QUIET, copy_root, restore_root, write_past_a_backup
 import kvlog
 from kvlog.errors import StorageBehindError
 from kvlog.log.naming import commit_name
-from kvlog.storage import LocalStorage
+from kvlog.storage import LocalStorage, SwapConflict
 from kvlog.storage.base import BytesLike
+from tests.commits import HEAD_NAME, head_version
 
 
 def test_a_writer_refuses_to_write_after_its_root_was_restored_from_an_older_copy(tmp_path: Path) -> None:
@@ -48,9 +50,16 @@ def test_a_writer_refuses_to_write_after_its_root_was_restored_from_an_older_cop
         assert reader.get(b"e") == b"5" and reader.get(b"a") == b"1"
 
 
-def test_a_writer_detects_a_history_rewritten_after_a_restore(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("others", "names"), [
+    pytest.param(1, r"commit log/0+2\.json in \S+ differs from the commit the cache applied", id="head-at-the-cache"),
+    pytest.param(3, r"log/0+3\.json: follows commit \w+, but this cache applied commit \w+ at version 2: "
+                    "the storage root holds another history", id="head-past-the-cache"),
+])
+def test_a_writer_detects_a_history_rewritten_after_a_restore(tmp_path: Path, others: int, names: str) -> None:
     """Restored, then another writer took the same version numbers: the first writer's cache
-    holds another history; it refuses to apply or write on it."""
+    holds another history. Its swap is refused, and it refuses to apply or write on that
+    history, whether the head is another commit at the cache's version or past it (then the
+    first commit after the cache names another commit before it)."""
     root = tmp_path / "root"
     # data files of their own: restore_root puts back the data directory of the backup
     store = kvlog.open(root, cache_dir=tmp_path / "cache", commit_inline_bytes=0, **QUIET)
@@ -60,16 +69,18 @@ def test_a_writer_detects_a_history_rewritten_after_a_restore(tmp_path: Path) ->
         store.put(b"b", b"2", sync=True)
         restore_root(root, tmp_path / "backup")
         with kvlog.open(root, cache_dir=tmp_path / "other", **QUIET) as other:
-            for i in range(3):
+            for i in range(others):
                 other.put(f"o{i}".encode(), b"x", sync=True)
-        with pytest.raises(StorageBehindError):
+        assert head_version(LocalStorage(root)) == 1 + others
+        with pytest.raises(StorageBehindError, match=names):
             store.put(b"c", b"3", sync=True)
     finally:
         store.close(flush=False)
-    with pytest.raises(StorageBehindError, match=r"commit log/0+2\.json .*differs"):
+    with pytest.raises(StorageBehindError, match=names):
         kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET)
     with kvlog.open(root, cache_dir=tmp_path / "cache", on_storage_behind="rebuild", **QUIET) as again:
-        assert again.get(b"o2") == b"x" and again.get(b"b") is None
+        assert again.get(f"o{others - 1}".encode()) == b"x" and again.get(b"b") is None
+        assert again.get(b"c") is None
         assert again.check() == []
 
 
@@ -83,14 +94,21 @@ def test_check_names_a_deleted_newest_commit(tmp_path: Path) -> None:
         assert any(newest.name in f and "missing" in f for f in findings), findings
 
 
-def test_check_names_a_truncated_newest_commit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damaged", ["copy", "head"])
+def test_check_names_a_truncated_newest_commit(tmp_path: Path, damaged: str) -> None:
+    """The newest commit is held twice: by the head and at its own name (on a local root the
+    two names are links to one file, so damage in place hits both). Either one truncated is a
+    finding naming it."""
     root = tmp_path / "root"
     with kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET) as store:
         store.put(b"k", b"v", sync=True)
         newest = max((root / "log").glob("*[0-9].json"))
-        newest.write_bytes(newest.read_bytes()[:-7])
+        path = newest if damaged == "copy" else root / HEAD_NAME
+        data = path.read_bytes()
+        path.unlink()  # a file of its own: the other name keeps the commit whole
+        path.write_bytes(data[:-7])
         findings = store.check()
-        assert any(newest.name in f for f in findings), findings
+        assert any(path.name in f for f in findings), findings
 
 
 def test_check_names_a_data_file_with_a_flipped_byte_in_its_footer(tmp_path: Path) -> None:
@@ -110,19 +128,29 @@ def test_check_names_a_data_file_with_a_flipped_byte_in_its_footer(tmp_path: Pat
 
 
 class _RestoreOnCommit(LocalStorage):
-    """A real local storage that restores the root from ``backup`` just before the next commit
-    is written: the restore lands between the writer's check and its commit."""
+    """A real local storage that restores the root from ``backup`` just before the next swap of
+    the head: the restore lands between the writer's read of the head and its swap. Counts the
+    swaps refused."""
 
     backup: Path | None = None
+    refused = 0
 
-    def put_if_absent(self, name: str, data: BytesLike) -> None:
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
         backup, self.backup = self.backup, None
-        if backup is not None and name.startswith("log/") and name.endswith(".json"):
+        if backup is not None:
             restore_root(self.root, backup)
-        super().put_if_absent(name, data)
+        try:
+            return super().swap(name, data, expected, copy_to)
+        except SwapConflict:
+            self.refused += 1
+            raise
 
 
-def test_a_commit_that_lands_after_a_restore_is_taken_back_not_acknowledged(tmp_path: Path) -> None:
+def test_a_commit_after_a_restore_is_refused_at_the_swap_not_acknowledged(tmp_path: Path) -> None:
+    """The swap is conditional on the head the writer's cache applied, which the restore
+    replaced by an older one: it is refused, nothing is written at the commit's name, and the
+    writer, finding the head older than its cache, acknowledges nothing. The next writer on
+    the restored root takes the version after the restored head."""
     root = tmp_path / "root"
     storage = _RestoreOnCommit(root, fsync=False)
     # data files of their own: restore_root puts back the data directory of the backup
@@ -130,13 +158,16 @@ def test_a_commit_that_lands_after_a_restore_is_taken_back_not_acknowledged(tmp_
     try:
         write_past_a_backup(store, root, tmp_path / "backup")
         storage.backup = tmp_path / "backup"
-        with pytest.raises(StorageBehindError):
-            store.put(b"d", b"4", sync=True)  # landed after a gap: taken back, never acknowledged
+        with pytest.raises(StorageBehindError, match=r"commits log/0+2\.json to log/0+3\.json"):
+            store.put(b"d", b"4", sync=True)  # refused: never acknowledged
+        assert storage.refused == 1
+        assert head_version(storage) == 1 and not (root / commit_name(4)).exists()
     finally:
         store.close(flush=False)
     with kvlog.open(root, cache_dir=tmp_path / "fresh", **QUIET) as fresh:
         assert fresh.get(b"a") == b"1" and fresh.get(b"d") is None
-        fresh.put(b"e", b"5", sync=True)  # the version the taken-back commit had is free again
+        fresh.put(b"e", b"5", sync=True)
+        assert fresh.log.version == 2
         assert fresh.check() == []
 
 
@@ -202,25 +233,31 @@ def test_gc_from_a_cache_ahead_of_a_restored_root_deletes_nothing(tmp_path: Path
 
 
 class _OthersRunAheadOnCommit(LocalStorage):
-    """A real local storage that runs ``ahead`` once, just before the next commit is written:
-    a writer stalled between its checks and its put-if-absent while others moved on."""
+    """A real local storage that runs ``ahead`` once, just before the next swap of the head:
+    a writer stalled between its read of the head and its swap while others moved on. Counts
+    the swaps refused."""
 
     ahead: Callable[[], None] | None = None
+    refused = 0
 
-    def put_if_absent(self, name: str, data: BytesLike) -> None:
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
         ahead, self.ahead = self.ahead, None
-        if ahead is not None and name.startswith("log/") and name.endswith(".json"):
+        if ahead is not None:
             ahead()
-        super().put_if_absent(name, data)
+        try:
+            return super().swap(name, data, expected, copy_to)
+        except SwapConflict:
+            self.refused += 1
+            raise
 
 
-def test_a_commit_that_lands_in_a_version_commit_gc_freed_is_taken_back_and_written_at_the_head(
+def test_a_stalled_writer_whose_version_commit_gc_freed_is_refused_and_writes_at_the_head(
         tmp_path: Path) -> None:
     """Another writer takes the stalled writer's version and more, checkpoints, and collects
-    the commits below the checkpoint (retention 0): the stalled writer's put-if-absent then
-    succeeds on a freed name, behind a checkpoint every reader starts from. Acknowledging it
-    there would lose the write; it is taken back, the writer catches up from the checkpoint
-    and writes it again at the head, once."""
+    the commits below the checkpoint (retention 0), freeing the name the stalled writer's
+    commit would have had. The stalled swap is refused (the head moved on): the name stays
+    free, behind a checkpoint every reader starts from. The writer catches up from the
+    checkpoint and writes at the head, once."""
     root = tmp_path / "root"
     storage = _OthersRunAheadOnCommit(root, fsync=False)
     # data files of their own: commit GC keeps a commit whose inline file is live
@@ -242,8 +279,10 @@ def test_a_commit_that_lands_in_a_version_commit_gc_freed_is_taken_back_and_writ
         stalled_at = store.log.version + 1
         storage.ahead = others_run_ahead
         store.put(b"late", b"2", sync=True)
+        assert storage.refused >= 1
         assert store.log.version >= stalled_at + 4  # written at the head, after the four others
-        assert not (root / commit_name(stalled_at)).exists()  # taken back from the freed name
+        assert store.log.version == head_version(storage)
+        assert not (root / commit_name(stalled_at)).exists()  # the freed name stays free
     finally:
         store.close()
     with kvlog.open(root, cache_dir=tmp_path / "fresh", **QUIET) as fresh:
@@ -257,10 +296,10 @@ def test_an_opener_whose_replay_stops_at_a_collected_commit_catches_up_from_the_
 ) -> None:
     """A restore racing commit GC puts old commits back after GC collected them while GC goes
     on to collect the next: storage holds the commit a closed cache applied and the one after,
-    then a gap, then later commits and a checkpoint. Reopening that cache with a producer_id
-    (registered at open) replays up to the gap; it must catch up from the checkpoint there, not
-    write its producer registration into the freed version, which no reader starting from the checkpoint crosses (and after which
-    it would refuse the next commit as written after a gap, losing its records)."""
+    then a gap, then later commits, a checkpoint and the head. Reopening that cache with a
+    producer_id (registered at open) replays up to the gap; it catches up from the checkpoint
+    there and registers the producer at the head, so the freed version stays free and every
+    reader, from the checkpoint or replaying, reads the same changelog."""
     root = tmp_path / "root"
     # data files of their own: commit GC keeps a commit whose inline file is live
     settings = dict(QUIET, checkpoint_interval=1, commit_retention_ms=0, commit_inline_bytes=0)

@@ -9,7 +9,8 @@ of these ways:
 ``flip-file``
     one byte anywhere in a live data file is flipped;
 ``delete-commit``
-    the newest commit ``log/<v>.json`` is deleted.
+    the newest commit is deleted: the head (``log/head.json``) and its copy ``log/<v>.json``
+    (the copy alone is no loss: a writer puts it back from the head).
 
 Expected: ``check()`` on the writer's handle names the damaged object (its name, or the commit's
 version), and so does a handle with a new cache (its ``check()``, or its open failing with the
@@ -29,6 +30,7 @@ from typing import Any
 
 import kvlog
 from kvlog.errors import KvlogError, StorageBehindError
+from kvlog.log.head import HEAD_NAME
 from kvlog.log.naming import commit_name
 
 from .model import make_value, parse_value
@@ -113,6 +115,7 @@ def run_damage(seed: int, backend: Backend, workdir: Path, *, keep: bool = False
             version = writer.log.version
             damaged = commit_name(version)
             raw.delete(damaged)
+            raw.delete(HEAD_NAME)
         else:
             batches = _live_batches(writer)
             batch = rng.choice(batches)

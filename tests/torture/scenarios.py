@@ -33,6 +33,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvlog.errors import KvlogError
+from kvlog.format.commit import decode_commit
+from kvlog.log.head import HEAD_NAME
+from kvlog.log.naming import commit_name, parse_log_name
 from kvlog.storage.faulty import SimulatedCrash
 
 from .actors import ProcessWriter, Reader, ThreadWriter
@@ -385,9 +388,15 @@ class Restore(Action):
     lands between any two storage calls, possibly inside a commit or an open.
     """
 
-    def __init__(self, tag: str, quiesce: bool = True) -> None:
+    def __init__(self, tag: str, quiesce: bool = True, head_only: bool = False) -> None:
         self.tag = tag
         self.quiesce = quiesce
+        #: Put back the head (``log/head.json``) alone, leaving every newer commit, checkpoint and
+        #: data file where it is: the store is then the head's older version, as after a whole
+        #: restore, and the newer commits beyond the head are never read again. Only while the
+        #: history below the old head is whole: once GC collected the commits and checkpoints it
+        #: needs, no copy holds that history, and the whole root is put back instead.
+        self.head_only = head_only
 
     def run(self, run: Run) -> None:
         if self.tag not in run.snapshots:
@@ -413,18 +422,43 @@ class Restore(Action):
         raw = run.world.backend.raw()
         with run.world.gate.exclusive():
             removed = 0
-            for info in raw.list(""):
-                if info.name not in objects:
-                    raw.delete(info.name)
-                    removed += 1
-            for name, data in objects.items():
-                raw.put(name, data)
+            if self.head_only and not _history_whole(raw, objects.get(HEAD_NAME)):
+                run.world.log(f"restore {self.tag}: GC collected the history below the old head: "
+                              "the whole root is put back instead")
+                self.head_only = False
+            if self.head_only:
+                if HEAD_NAME in objects:
+                    raw.put(HEAD_NAME, objects[HEAD_NAME])
+                else:
+                    raw.delete(HEAD_NAME)
+                objects = {HEAD_NAME: b""}
+            else:
+                for info in raw.list(""):
+                    if info.name not in objects:
+                        raw.delete(info.name)
+                        removed += 1
+                for name, data in objects.items():
+                    raw.put(name, data)
             done = time.monotonic_ns()
             run.world.history.restores.append((taken, done))
             run.world.restored_file.touch()
             run.world.restore_count += 1
         raw.close()
-        run.world.log(f"restore {self.tag}: {removed} newer objects removed, {len(objects)} put back")
+        what = "the head alone" if self.head_only else f"{removed} newer objects removed, {len(objects)}"
+        run.world.log(f"restore {self.tag}: {what} put back")
+
+
+def _history_whole(raw: Any, head: bytes | None) -> bool:
+    """Whether ``raw`` still holds the history the head ``head`` (bytes, None: no head) ends: a
+    checkpoint at or below it whose commit is there (or none needed), and every commit after it."""
+    if head is None:
+        return True
+    top = decode_commit(HEAD_NAME, head).version
+    names = {info.name for info in raw.list("log/")}
+    floor = max((p[0] for p in map(parse_log_name, names)
+                 if p is not None and p[1] == "checkpoint" and p[0] <= top and commit_name(p[0]) in names),
+                default=0)
+    return all(commit_name(v) in names for v in range(max(floor, 1), top + 1))
 
 
 # -- scenarios ---------------------------------------------------------------------------------------
@@ -542,7 +576,8 @@ def slow_compaction(rng: random.Random) -> Scenario:
 
 @scenario("restore", weight=1.0)
 def restore(rng: random.Random) -> Scenario:
-    """The root is restored from an older copy while writer threads keep their caches and write on."""
+    """The root is restored from an older copy (or its head alone is) while writer threads keep
+    their caches and write on."""
     threads = rng.randint(1, 2)
     actions = _writers(rng, threads, 0)
     if rng.random() < 0.6:
@@ -552,9 +587,10 @@ def restore(rng: random.Random) -> Scenario:
         tag = f"r{round_}"
         actions.append(Snapshot(tag))
         actions.append(WaitOps(rng.randint(30, 80)))
-        if rng.random() < 0.5:
+        compacted = rng.random() < 0.5
+        if compacted:
             actions.append(Compact(force=True))
-        actions.append(Restore(tag))
+        actions.append(Restore(tag, head_only=not compacted and rng.random() < 0.4))
         actions.append(WaitOps(rng.randint(30, 80)))
         if rng.random() < 0.5:
             actions.append(Reopen(f"t{rng.randrange(threads)}"))
