@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -445,7 +444,7 @@ class ProcessWriter:
             proc = self.proc
             if proc is not None and proc.poll() is None:
                 self.world.log(f"{self.name}: kill -9 incarnation {self.incarnation} (pid {proc.pid})")
-                os.kill(proc.pid, signal.SIGKILL)
+                proc.kill()  # Popen's kill: nothing if the monitor thread reaped it meanwhile
 
     def ops_done(self) -> int:
         """Operations the incarnations journaled so far (read incrementally)."""
@@ -475,7 +474,7 @@ class ProcessWriter:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.world.history.violation(f"{self.name}: did not stop within {timeout} s; killed")
-                os.kill(proc.pid, signal.SIGKILL)
+                proc.kill()
                 proc.wait()
         if self._monitor is not None:
             self._monitor.join(30)
