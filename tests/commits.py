@@ -8,12 +8,42 @@ the head too (:func:`head_version`, :func:`set_head`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from kvlog.errors import StorageError
 from kvlog.format.envelope import split_document
 from kvlog.log.head import HEAD_NAME, read_head
 from kvlog.log.naming import commit_name
-from kvlog.storage import Storage
+from kvlog.storage import LocalStorage, Storage, SwapConflict
+from kvlog.storage.base import BytesLike
 
-__all__ = ["HEAD_NAME", "head_version", "publish", "set_head"]
+__all__ = ["HEAD_NAME", "HookBeforeSwap", "head_version", "publish", "set_head"]
+
+
+class HookBeforeSwap(LocalStorage):
+    """A real local storage that runs ``hook`` once, just before the next swap of the head (the
+    writer built its commit: another process acts at that instant), fails the next ``failing``
+    reads of the head (a transient error), and counts the swaps refused."""
+
+    hook: Callable[[], None] | None = None
+    failing = 0
+    refused = 0
+
+    def read_versioned(self, name: str, unless: str | None = None) -> tuple[bytes, str] | None:
+        if self.failing and name == HEAD_NAME:
+            self.failing -= 1
+            raise StorageError(f"cannot read {name}: service unavailable")
+        return super().read_versioned(name, unless)
+
+    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+        try:
+            return super().swap(name, data, expected, copy_to)
+        except SwapConflict:
+            self.refused += 1
+            raise
 
 
 def publish(storage: Storage, data: bytes) -> str:

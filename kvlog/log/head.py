@@ -26,12 +26,12 @@ from dataclasses import dataclass
 
 from kvlog.errors import CorruptDataError
 from kvlog.format.checksum import crc32c
-from kvlog.format.commit import Commit, decode_commit
+from kvlog.format.commit import decode_commit
 from kvlog.format.envelope import split_document
 from kvlog.log.naming import LOG_PREFIX, commit_name, parse_log_name
 from kvlog.storage import Storage
 
-__all__ = ["HEAD_NAME", "Head", "read_head", "storage_behind", "versions_text"]
+__all__ = ["HEAD_NAME", "Head", "read_head", "storage_behind"]
 
 #: The name of the head object.
 HEAD_NAME = f"{LOG_PREFIX}head.json"
@@ -57,10 +57,6 @@ class Head:
     def name(self) -> str:
         """The commit's own name, ``log/<version>.json``."""
         return commit_name(self.version)
-
-    def commit(self) -> Commit:
-        """The commit, decoded (its inline file at the commit's own name)."""
-        return decode_commit(self.name, self.data)
 
 
 #: The head of a store with no commit.
@@ -119,7 +115,7 @@ def storage_behind(applied: tuple[int, str, int] | None, head: Head, uri: str) -
         lost = list(range(head.version + 1, version + 1))
         are, they = ("is", "it holds") if len(lost) == 1 else ("are", "they hold")
         return commit_name(lost[0]), (
-            f"{versions_text(lost)}, which the cache applied, {are} missing from the storage root "
+            f"{_versions_text(lost)}, which the cache applied, {are} missing from the storage root "
             f"{uri}, whose newest commit is version {head.version} (restored from an older copy, "
             f"or deleted): the writes {they} are lost")
     if head.version == version and head.crc != applied[2]:
@@ -129,7 +125,7 @@ def storage_behind(applied: tuple[int, str, int] | None, head: Head, uri: str) -
     return None
 
 
-def versions_text(versions: list[int]) -> str:
+def _versions_text(versions: list[int]) -> str:
     """``commit log/…01.json`` or ``commits log/…01.json to log/…04.json``."""
     if len(versions) == 1:
         return f"commit {commit_name(versions[0])}"

@@ -132,38 +132,41 @@ def test_put_if_absent_refuses_existing(storage: Storage) -> None:
     assert storage.read("plain") == b"p"
 
 
-def _create_in_thread(
-    storage: Storage, name: str, i: int, barrier: threading.Barrier, outcomes: dict[int, str]
-) -> None:
-    payload = f"writer-{i}-".encode() * (100 + i)
-    barrier.wait()
-    try:
-        storage.put_if_absent(name, payload)
-        outcomes[i] = "won"
-    except FileExistsError:
-        outcomes[i] = "lost"
-    except Exception as e:  # reported by the test
-        outcomes[i] = f"error {e!r}"
+def _race_threads(write: Callable[[int, bytes], object]) -> int:
+    """Run ``write(i, payload)`` in 8 threads at once (payload ``writer-<i>-`` repeated): exactly
+    one may succeed, the 7 others must be refused (``FileExistsError``: ``SwapConflict`` too);
+    the winner's number."""
+    barrier = threading.Barrier(8)
+    outcomes: dict[int, str] = {}
+
+    def attempt(i: int) -> None:
+        payload = f"writer-{i}-".encode() * (100 + i)
+        barrier.wait()
+        try:
+            write(i, payload)
+            outcomes[i] = "won"
+        except FileExistsError:
+            outcomes[i] = "lost"
+        except Exception as e:  # reported by the test
+            outcomes[i] = f"error {e!r}"
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [i for i, o in outcomes.items() if o == "won"]
+    assert len(winners) == 1, outcomes
+    assert sorted(o for o in outcomes.values() if o != "won") == ["lost"] * 7, outcomes
+    return winners[0]
 
 
 def test_put_if_absent_race_threads(storage: Storage) -> None:
     """8 threads create the same name at once: exactly one wins, the object is its payload."""
     for round_ in range(2):
         name = f"log/{round_:020d}.json"
-        barrier = threading.Barrier(8)
-        outcomes: dict[int, str] = {}
-        threads = [
-            threading.Thread(target=_create_in_thread, args=(storage, name, i, barrier, outcomes))
-            for i in range(8)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        winners = [i for i, o in outcomes.items() if o == "won"]
-        assert len(winners) == 1, outcomes
-        assert sorted(o for o in outcomes.values() if o != "won") == ["lost"] * 7, outcomes
-        assert storage.read(name) == f"writer-{winners[0]}-".encode() * (100 + winners[0])
+        winner = _race_threads(lambda _i, payload, name=name: storage.put_if_absent(name, payload))
+        assert storage.read(name) == f"writer-{winner}-".encode() * (100 + winner)
 
 
 def _create_in_process(root: str, name: str, i: int, barrier: Any, results: Any) -> None:
@@ -244,37 +247,15 @@ def test_swap_of_an_absent_object_with_a_token_is_refused(storage: Storage) -> N
     assert not storage.exists("log/head.json")
 
 
-def _swap_in_thread(storage: Storage, i: int, token: str, barrier: threading.Barrier,
-                    outcomes: dict[int, str]) -> None:
-    payload = f"writer-{i}-".encode() * (100 + i)
-    barrier.wait()
-    try:
-        storage.swap("log/head.json", payload, token, copy_to=f"log/{i:020d}.json")
-        outcomes[i] = "won"
-    except SwapConflict:
-        outcomes[i] = "lost"
-    except Exception as e:  # reported by the test
-        outcomes[i] = f"error {e!r}"
-
-
 def test_swap_race_threads(storage: Storage) -> None:
     """8 threads swap the same version of the head at once: exactly one wins, the head is its
     payload, and only the winner's copy exists."""
     token = storage.swap("log/head.json", b"start", None)
-    barrier = threading.Barrier(8)
-    outcomes: dict[int, str] = {}
-    threads = [threading.Thread(target=_swap_in_thread, args=(storage, i, token, barrier, outcomes))
-               for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    winners = [i for i, o in outcomes.items() if o == "won"]
-    assert len(winners) == 1, outcomes
-    assert sorted(o for o in outcomes.values() if o != "won") == ["lost"] * 7, outcomes
-    assert storage.read("log/head.json") == f"writer-{winners[0]}-".encode() * (100 + winners[0])
+    winner = _race_threads(
+        lambda i, payload: storage.swap("log/head.json", payload, token, copy_to=f"log/{i:020d}.json"))
+    assert storage.read("log/head.json") == f"writer-{winner}-".encode() * (100 + winner)
     copies = [i.name for i in storage.list("log/") if i.name != "log/head.json"]
-    assert copies == [f"log/{winners[0]:020d}.json"]
+    assert copies == [f"log/{winner:020d}.json"]
 
 
 def _swap_in_process(root: str, token: str, i: int, barrier: Any, results: Any) -> None:

@@ -31,7 +31,7 @@ from kvlog.errors import StorageBehindError, StorageError
 from kvlog.log.naming import commit_name
 from kvlog.storage import LocalStorage, SwapConflict
 from kvlog.storage.base import BytesLike
-from tests.commits import HEAD_NAME, head_version
+from tests.commits import HEAD_NAME, HookBeforeSwap, head_version
 
 
 def _commit_versions(root: Path) -> list[int]:
@@ -40,24 +40,6 @@ def _commit_versions(root: Path) -> list[int]:
 
 
 # -- GC by condemnation: a condemnation is never forgotten ----------------------------------------
-
-class HookBeforeCommit(LocalStorage):
-    """Runs ``hook`` once, just before the next swap of the head (after the writer built its
-    commit); counts the swaps refused."""
-
-    hook: Callable[[], None] | None = None
-    refused = 0
-
-    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
-        hook, self.hook = self.hook, None
-        if hook is not None:
-            hook()
-        try:
-            return super().swap(name, data, expected, copy_to)
-        except SwapConflict:
-            self.refused += 1
-            raise
-
 
 @pytest.mark.parametrize(
     ("later_ms", "settings"),
@@ -75,7 +57,7 @@ def test_a_writer_stalled_across_two_gc_runs_never_makes_live_a_file_gc_deleted(
     swap is refused (the GC commits moved the head); applying them it learns its file was
     condemned, and the flush writes its file again."""
     root = tmp_path / "root"
-    storage = HookBeforeCommit(root, fsync=False)
+    storage = HookBeforeSwap(root, fsync=False)
     start = time.time_ns() // 1_000_000
     # data files of their own: orphan GC deletes the stalled flush's file
     with kvlog.open(storage, cache_dir=tmp_path / "cache", commit_inline_bytes=0, **QUIET) as store:
@@ -483,26 +465,6 @@ def test_the_retry_of_a_flush_refused_after_a_restore_acknowledges_nothing(
 
 # -- Writers that kept their caches through a restore --------------------------------------------
 
-class HeadReadsFailing(LocalStorage):
-    """Fails the next ``failing`` reads of the head (a transient error); counts refused swaps."""
-
-    failing = 0
-    refused = 0
-
-    def read_versioned(self, name: str, unless: str | None = None) -> tuple[bytes, str] | None:
-        if self.failing and name == HEAD_NAME:
-            self.failing -= 1
-            raise StorageError(f"cannot read {name}: service unavailable")
-        return super().read_versioned(name, unless)
-
-    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
-        try:
-            return super().swap(name, data, expected, copy_to)
-        except SwapConflict:
-            self.refused += 1
-            raise
-
-
 def test_writers_that_kept_their_caches_through_a_restore_never_write_on_the_restored_root(
         tmp_path: Path) -> None:
     """Two writers keep their caches through a restore: A applied versions up to x, B up to
@@ -513,8 +475,8 @@ def test_writers_that_kept_their_caches_through_a_restore_never_write_on_the_res
     fresh reader would start from, no retry of A's failed flush), and a fresh reader holds the
     restored history and the third writer's writes."""
     root = tmp_path / "root"
-    a_storage = HeadReadsFailing(root, fsync=False)
-    b_storage = HeadReadsFailing(root, fsync=False)
+    a_storage = HookBeforeSwap(root, fsync=False)
+    b_storage = HookBeforeSwap(root, fsync=False)
     # data files of their own: restore_root puts back the data directory of the backup
     a = kvlog.open(a_storage, cache_dir=tmp_path / "a", checkpoint_interval=2, commit_inline_bytes=0, **QUIET)
     b = kvlog.open(b_storage, cache_dir=tmp_path / "b", checkpoint_interval=2, commit_inline_bytes=0, **QUIET)

@@ -11,7 +11,6 @@ one before it). It raises :class:`~kvlog.StorageBehindError` and acknowledges no
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from kvlog.errors import StorageBehindError
 from kvlog.log.naming import commit_name
 from kvlog.storage import LocalStorage, SwapConflict
 from kvlog.storage.base import BytesLike
-from tests.commits import HEAD_NAME, head_version
+from tests.commits import HEAD_NAME, HookBeforeSwap, head_version
 
 
 def test_a_writer_refuses_to_write_after_its_root_was_restored_from_an_older_copy(tmp_path: Path) -> None:
@@ -232,25 +231,6 @@ def test_gc_from_a_cache_ahead_of_a_restored_root_deletes_nothing(tmp_path: Path
         assert reader.check() == []
 
 
-class _OthersRunAheadOnCommit(LocalStorage):
-    """A real local storage that runs ``ahead`` once, just before the next swap of the head:
-    a writer stalled between its read of the head and its swap while others moved on. Counts
-    the swaps refused."""
-
-    ahead: Callable[[], None] | None = None
-    refused = 0
-
-    def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
-        ahead, self.ahead = self.ahead, None
-        if ahead is not None:
-            ahead()
-        try:
-            return super().swap(name, data, expected, copy_to)
-        except SwapConflict:
-            self.refused += 1
-            raise
-
-
 def test_a_stalled_writer_whose_version_commit_gc_freed_is_refused_and_writes_at_the_head(
         tmp_path: Path) -> None:
     """Another writer takes the stalled writer's version and more, checkpoints, and collects
@@ -259,7 +239,7 @@ def test_a_stalled_writer_whose_version_commit_gc_freed_is_refused_and_writes_at
     free, behind a checkpoint every reader starts from. The writer catches up from the
     checkpoint and writes at the head, once."""
     root = tmp_path / "root"
-    storage = _OthersRunAheadOnCommit(root, fsync=False)
+    storage = HookBeforeSwap(root, fsync=False)
     # data files of their own: commit GC keeps a commit whose inline file is live
     settings = dict(QUIET, checkpoint_interval=2, commit_retention_ms=0, file_delete_delay_ms=1_000,
                     commit_inline_bytes=0)
@@ -277,7 +257,7 @@ def test_a_stalled_writer_whose_version_commit_gc_freed_is_refused_and_writes_at
     try:
         store.put(b"a", b"1", sync=True)
         stalled_at = store.log.version + 1
-        storage.ahead = others_run_ahead
+        storage.hook = others_run_ahead
         store.put(b"late", b"2", sync=True)
         assert storage.refused >= 1
         assert store.log.version >= stalled_at + 4  # written at the head, after the four others
