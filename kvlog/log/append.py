@@ -82,7 +82,11 @@ def write_data_file(the_log: Log, level: int, batches: Sequence[_FileBatch], *,
     if the_log.read_only:
         raise ReadOnlyError("the store is open read-only")
     expires = any(batch_expires(records) is not None for _p, records, _f in batches)
-    writer = DataFileWriter(the_log.config.compression, expires=expires)
+    # A file small enough to travel inside its commit is not compressed: zstd's setup costs about
+    # 40 us a column of a batch (0.6 ms for a flush of 16 records over 6 partitions, five times
+    # the rest of the file's encoding), and compaction compresses the records when it moves them.
+    small = sum(records.nbytes for _p, records, _f in batches) <= inline_limit
+    writer = DataFileWriter("none" if small else the_log.config.compression, expires=expires)
     order = sorted(range(len(batches)), key=lambda i: batches[i][0])
     for i in order:
         writer.add(batches[i][1])
@@ -136,13 +140,17 @@ def _known_duplicates(
 
 
 def append_batches(
-    the_log: Log, producer_id: int, epoch: int, batches: Sequence[PendingBatch]
+    the_log: Log, producer_id: int, epoch: int, batches: Sequence[PendingBatch], *, resend: bool = True,
 ) -> list[AppendResult]:
-    """Append batches of one producer in one data file and one commit, all or nothing; durable on return."""
+    """Append batches of one producer in one data file and one commit, all or nothing; durable on return.
+
+    ``resend=False`` says the batches were never sent before (a flush's first attempt): the
+    cache is then not searched for them first (replay still decides, as for any batch).
+    """
     if not batches:
         return []
     digests = [content_digest(b.records) for b in batches]
-    known = _known_duplicates(the_log, producer_id, epoch, batches, digests)
+    known = _known_duplicates(the_log, producer_id, epoch, batches, digests) if resend else None
     if known is not None:
         return known  # a duplicate returns the original offsets and writes nothing
     fields: list[_FileBatch] = [

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvlog.errors import CorruptDataError, KvlogError
@@ -23,7 +24,7 @@ from kvlog.format.checksum import crc32c
 from kvlog.format.commit import decode_commit
 from kvlog.format.envelope import decode_document, envelope
 from kvlog.format.producer_state import producer_from_json, producer_to_json
-from kvlog.log.head import read_head
+from kvlog.log.head import Head, head_files_present, read_head
 from kvlog.log.naming import LOG_PREFIX, checkpoint_name, commit_name, parse_log_name
 from kvlog.meta import (
     CleanerState,
@@ -43,7 +44,7 @@ from kvlog.storage import Storage
 if TYPE_CHECKING:
     from kvlog.log.log import Log
 
-__all__ = ["load_checkpoint", "maybe_checkpoint", "newest_checkpoint", "write_checkpoint"]
+__all__ = ["Survey", "load_checkpoint", "maybe_checkpoint", "newest_checkpoint", "survey", "write_checkpoint"]
 
 log = logging.getLogger("kvlog.log")
 
@@ -55,11 +56,16 @@ _json_string = json.encoder.encode_basestring_ascii
 REMEMBER_ROWS = 1 << 14
 
 
-def maybe_checkpoint(the_log: Log) -> None:
-    """Write a checkpoint when ``checkpoint_interval`` commits were applied since the last one."""
+def maybe_checkpoint(the_log: Log, applied: int | None = None) -> None:
+    """Write a checkpoint when ``checkpoint_interval`` commits were applied since the last one
+    (``applied``: the version just applied, if known; while it is too close to the last
+    checkpoint seen, the cache is not read)."""
+    interval = the_log.config.checkpoint_interval
+    if applied is not None and applied - the_log.checkpoint_seen < interval:
+        return
     last, version = the_log.snapshot(lambda r: (r.get_meta("checkpoint_version"), r.version()))
-    last_version = int(last) if last else 0
-    if version - last_version >= the_log.config.checkpoint_interval:
+    last_version = the_log.checkpoint_seen = int(last) if last else 0
+    if version - last_version >= interval:
         try:
             write_checkpoint(the_log)
         except KvlogError as e:
@@ -86,6 +92,7 @@ def write_checkpoint(the_log: Log) -> int:
         meta.prune_outcomes(version - interval)
 
     the_log.env.write(record)
+    the_log.checkpoint_seen = max(the_log.checkpoint_seen, version)
     return version
 
 
@@ -132,14 +139,51 @@ def newest_checkpoint(storage: Storage) -> int:
     commit, so a checkpoint without its commit, or past the head, describes a history the root
     no longer holds (written by a cache that was ahead of a restored root): it is passed over.
     """
+    return _listed(storage)[0]
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What one listing of ``log/`` tells an opener about the history storage holds."""
+
+    #: The newest checkpoint at or below the head whose commit is present (0: none).
+    newest_checkpoint: int
+    #: The head's version.
+    head_version: int
+    #: The first commit missing between the newest checkpoint (or the first commit) and the
+    #: head, which a root restored without its head lacks (None: the history is whole).
+    hole: str | None
+
+
+def survey(storage: Storage) -> Survey:
+    """The newest checkpoint and the first commit missing below the head, if any.
+
+    The head's own commit may miss its copy: the head holds its bytes, and a writer puts the
+    copy back, unless a data file it adds is missing too. Commit GC writes a checkpoint
+    before it deletes the commits below it, so a commit missing from one listing is looked
+    for in a second listing, which shows that checkpoint if GC was at work in between.
+    """
+    found = Survey(0, 0, None)
+    for _listing in range(2):
+        newest, names, head = _listed(storage)
+        missing = next((v for v in range(max(newest, 1), head.version) if commit_name(v) not in names), 0)
+        if not missing and head.version and head.name not in names and not head_files_present(storage, head):
+            missing = head.version
+        found = Survey(newest, head.version, commit_name(missing) if missing else None)
+        if not missing:
+            break
+    return found
+
+
+def _listed(storage: Storage) -> tuple[int, set[str], Head]:
+    """The head read, then one listing of ``log/``: the newest checkpoint at or below the head
+    whose commit is present (0: none), the names listed, and the head."""
+    head = read_head(storage)  # first: every commit below it was in place before it
     names = {info.name for info in storage.list(LOG_PREFIX)}
-    head = read_head(storage).version
     versions = sorted((parsed[0] for parsed in map(parse_log_name, names)
-                       if parsed and parsed[1] == "checkpoint" and parsed[0] <= head), reverse=True)
-    for version in versions:
-        if commit_name(version) in names:
-            return version
-    return 0
+                       if parsed and parsed[1] == "checkpoint" and parsed[0] <= head.version), reverse=True)
+    newest = next((v for v in versions if commit_name(v) in names), 0)
+    return newest, names, head
 
 
 def _checkpoint_body(r: MetaReader, known: dict[str, dict[bytes, EncodedRow]]) -> tuple[

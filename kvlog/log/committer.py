@@ -38,12 +38,12 @@ from kvlog.format.datafile import decode_batch, make_record_batch
 from kvlog.index import runs_pending
 from kvlog.log.catch_up import catch_up
 from kvlog.log.checkpoints import newest_checkpoint
-from kvlog.log.head import HEAD_NAME, Head, read_head, storage_behind
-from kvlog.log.naming import commit_name
+from kvlog.log.head import HEAD_NAME, Head, head_files_present, hole_text, read_head, storage_behind
+from kvlog.log.naming import LOG_PREFIX, commit_name, parse_log_name
 from kvlog.log.replay import apply_commit
 from kvlog.log.waiting import CommitSignal
 from kvlog.meta import CommitOutcome, MetaTxn
-from kvlog.storage import SwapConflict
+from kvlog.storage import Storage, SwapConflict
 
 if TYPE_CHECKING:
     from kvlog.log.log import Log
@@ -100,8 +100,9 @@ class Committer:
         the_log = self._log
         storage = the_log.storage
         with self.apply_lock:
+            # The head is remembered (for the next swap) only once the cache is found on its
+            # history: a cache refused here keeps the head it last matched, so its swaps are refused.
             head = read_head(storage, self._head)
-            self._head = head
             while True:
                 version: int
                 applied: tuple[int, str, int] | None
@@ -109,11 +110,12 @@ class Committer:
                 if head.version < version:
                     # Another process sharing the cache applied commits published after the head
                     # was read: read it again (it only moves on, unless the root was restored).
-                    head = self._head = read_head(storage, head)
+                    head = read_head(storage, head)
                 behind = storage_behind(applied, head, storage.uri)
                 if behind is not None:
                     raise StorageBehindError(behind[0], f"{behind[1]}: {REBUILD_REOPEN}")
                 if version >= head.version:
+                    self._head = head
                     return version
                 name = commit_name(version + 1)
                 try:
@@ -125,7 +127,11 @@ class Committer:
                 except FileNotFoundError:
                     if version + 1 == head.version:
                         if the_log.read_only:
+                            self._head = head
                             return version  # its writer died before the copy: the next writer makes it
+                        if not head_files_present(storage, head):
+                            raise StorageBehindError(name, f"{hole_text(storage.uri, head.version)}: "
+                                                     + REBUILD_REOPEN) from None
                         storage.put(name, head.data)
                         data = head.data
                     elif newest_checkpoint(storage) > version:
@@ -135,19 +141,61 @@ class Committer:
                                                      "missing and the checkpoint could not be loaded") from None
                         continue
                     else:
-                        raise StorageBehindError(name, (
-                            f"is missing from the storage root {storage.uri}, below its head (version "
-                            f"{head.version}): the history was restored in part, or damaged; "
-                            + REBUILD_REOPEN)) from None
+                        raise StorageBehindError(name, f"{hole_text(storage.uri, head.version)}: "
+                                                 + REBUILD_REOPEN) from None
                 commit = decode_commit(name, data)
                 if commit.version != version + 1:
                     raise CorruptDataError(name, f"holds version {commit.version}")
-                if applied is not None and commit.previous_id not in (None, applied[1]):
-                    raise StorageBehindError(name, (
-                        f"follows commit {commit.previous_id}, but this cache applied commit {applied[1]} "
-                        f"at version {applied[0]}: the storage root holds another history (restored "
-                        "from an older copy?): " + REBUILD_REOPEN))
                 self._apply(commit, crc32c(data), data)
+
+    def rewind(self) -> int:
+        """Make the commit this cache applied last the head again, dropping every commit and
+        checkpoint past it; return its version. For a root whose history has a hole below its
+        head that no checkpoint spans (restored from an older copy without its head, or commits
+        deleted): the commits past the hole cannot be replayed, so they are lost, as
+        ``on_storage_behind="rebuild"`` accepts. The copies and checkpoints past the new head
+        are deleted first (a later writer reuses their names), then the head is swapped,
+        conditional on the head read: a crash in between leaves the hole, and the next rebuild
+        finishes the rewind."""
+        the_log = self._log
+        storage = the_log.storage
+        with self.apply_lock:
+            version: int
+            applied: tuple[int, str, int] | None
+            version, applied = the_log.snapshot(lambda r: (r.version(), r.applied_commit()))
+            if applied is None:
+                raise StorageBehindError(commit_name(1), "the storage root holds no whole history to "
+                                         "rebuild from: no checkpoint, and commits are missing")
+            name = commit_name(version)
+            data = storage.read(name)
+            if crc32c(data) != applied[2]:
+                raise CorruptDataError(name, "differs from the commit the cache applied at that version")
+            head = read_head(storage)
+            if head.version <= version:
+                return version
+            log.warning("the history of %s has a hole after version %d, below its head (version %d): "
+                        "the head goes back to version %d and the commits past it are dropped",
+                        storage.uri, version, head.version, version)
+            _delete_past(storage, list(storage.iter_names(LOG_PREFIX)), version)
+            try:
+                token = storage.swap(HEAD_NAME, data, head.token)
+            except SwapConflict:
+                raise CommitConflictError("another writer moved the head while it was being taken back "
+                                          "to the history before the hole; open the store again") from None
+            self._head = Head(version, applied[1], applied[2], token, data)
+        return version
+
+    def drop_past_head(self) -> None:
+        """Delete the commits and checkpoints past the head, which a root whose head alone was
+        put back from an older copy still holds: a checkpoint of the history the head lost would
+        look like one of the history written after it once that passes its version.
+
+        The names are listed before the head is read: a writer publishing meanwhile writes a
+        name only after its swap moved the head there, so no name past the head read is theirs.
+        """
+        storage = self._log.storage
+        names = list(storage.iter_names(LOG_PREFIX))
+        _delete_past(storage, names, read_head(storage).version)
 
     def catch_up(self) -> bool:
         """Catch this cache up from the newest checkpoint after it fell behind commit GC
@@ -191,6 +239,15 @@ class Committer:
             meta = MetaTxn(the_log.env, txn)
             if meta.version() != commit.version - 1:
                 return None
+            applied = meta.applied_commit()
+            if applied is not None and commit.previous_id not in (None, applied[1]):
+                # The one check that a commit continues the history this cache applied. The head
+                # is forgotten: the next commit reads it again, and is refused as this apply was.
+                self._head = None
+                raise StorageBehindError(name, (
+                    f"follows commit {commit.previous_id}, but this cache applied commit {applied[1]} "
+                    f"at version {applied[0]}: the storage root holds another history (restored "
+                    "from an older copy?): " + REBUILD_REOPEN))
             missing.clear()
             # An index marked for rebuilding is not maintained meanwhile (the rebuild reads the
             # live data at the newest version; files of older versions may be gone).
@@ -235,6 +292,7 @@ class Committer:
         with self._commit_lock:
             storage_errors = 0
             last_error: StorageError | None = None
+            attempted = False  # the commit id is fresh: no outcome to look for before a first swap
             for _attempt in range(retries):
                 if storage_errors:
                     # Back off from a failing backend (not from a lost race): 10 ms doubling to 1 s.
@@ -251,9 +309,11 @@ class Committer:
                     continue
                 version = head.version + 1
                 commit = replace(build(version), previous_id=head.commit_id)
-                done = self.outcome(commit.commit_id)
-                if done is not None:
-                    return done
+                if attempted:
+                    done = self.outcome(commit.commit_id)  # an earlier attempt's answer was lost?
+                    if done is not None:
+                        return done
+                attempted = True
                 name = commit_name(version)
                 if own:
                     self._own[commit.commit_id] = own
@@ -281,26 +341,22 @@ class Committer:
                     self._own.pop(commit.commit_id, None)
                 done = decided if decided is not None else self.outcome(commit.commit_id)
                 if done is not None:
-                    the_log.maybe_checkpoint()
+                    the_log.maybe_checkpoint(version)
                     return done
             if last_error is not None and storage_errors >= failing:
                 raise StorageError(f"{storage_errors} commit attempts failed: {last_error}") from last_error
             raise CommitConflictError(f"{retries} attempts lost the race for the next commit version")
 
     def _current_head(self) -> Head:
-        """The head this cache applied, as the next swap expects it: the one this process last
-        read or swapped while the cache is still at it, else read again (and applied up to)."""
-        the_log = self._log
-        with self.apply_lock:
-            head = self._head
-            version, applied = the_log.snapshot(lambda r: (r.version(), r.applied_commit()))
-            if head is not None and head.version == version and (
-                    applied is None or applied[1] == head.commit_id):
-                return head
-            the_log.refresh()
+        """The head the next swap expects: the one this process last read or swapped (read it
+        first if none). A head that moved since (another writer, another process sharing the
+        cache) refuses the swap, which then refreshes: nothing is looked up before it."""
+        head = self._head
+        if head is None:
+            self._log.refresh()
             head = self._head
             assert head is not None
-            return head
+        return head
 
     def _apply_created(self, commit: Commit, crc: int, data: bytes) -> CommitOutcome | None:
         """Apply ``commit``, which this writer just published (``crc``: the CRC32C of ``data``,
@@ -310,8 +366,7 @@ class Committer:
         sharing it applied the commit), the outcome is read from the cache."""
         the_log = self._log
         with self.apply_lock:
-            version = the_log.version
-            decided = self._apply(commit, crc, data) if version == commit.version - 1 else None
+            decided = self._apply(commit, crc, data)
             if (decided is None and the_log.version < commit.version) or self.index_stale:
                 the_log.refresh()
             return decided
@@ -341,6 +396,13 @@ class Committer:
             f"could not learn whether commit {commit_name(version)} landed; reopen the store and "
             "read back what it holds before resending"
         ) from last
+
+
+def _delete_past(storage: Storage, names: list[str], version: int) -> None:
+    """Delete the commits and checkpoints among ``names`` past ``version``, newest first."""
+    past = [(parsed[0], name) for name in names if (parsed := parse_log_name(name)) is not None and parsed[0] > version]
+    for _later, name in sorted(past, reverse=True):
+        storage.delete(name)
 
 
 def _pause(seconds: float) -> None:

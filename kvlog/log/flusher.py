@@ -77,6 +77,7 @@ class _InFlight:
     generation: int
     nbytes: int
     writers: int = 0  # durable writes it carries
+    sent: bool = False  # an attempt to append it was made (a retry may find it landed)
 
 
 def split_by_partition(
@@ -398,8 +399,9 @@ class Flusher:
         inflight = self._take_buffers()
         if inflight is None:
             return
+        resend, inflight.sent = inflight.sent, True
         try:
-            self._log.append_batches(self.producer_id, self.epoch, inflight.batches)
+            self._log.append_batches(self.producer_id, self.epoch, inflight.batches, resend=resend)
         except ProducerError as e:
             self._fatal = self._buf.fatal = e
             self.last_error = f"{type(e).__name__}: {e}"

@@ -31,7 +31,7 @@ from kvlog.format.envelope import split_document
 from kvlog.log.naming import LOG_PREFIX, commit_name, parse_log_name
 from kvlog.storage import Storage
 
-__all__ = ["HEAD_NAME", "Head", "read_head", "storage_behind"]
+__all__ = ["HEAD_NAME", "Head", "head_files_present", "hole_text", "read_head", "storage_behind"]
 
 #: The name of the head object.
 HEAD_NAME = f"{LOG_PREFIX}head.json"
@@ -123,6 +123,19 @@ def storage_behind(applied: tuple[int, str, int] | None, head: Head, uri: str) -
             f"commit {head.name} in {uri} differs from the commit the cache applied at that version "
             "(restored from an older copy, or replaced): the writes of the cache's commit are lost")
     return None
+
+
+def head_files_present(storage: Storage, head: Head) -> bool:
+    """Whether the data files the head's commit adds are in storage (its inline file is in the
+    head itself): so a missing copy of the head's commit can be put back from the head."""
+    commit = decode_commit(head.name, head.data)
+    return all(storage.exists(file.path) for file in commit.add if file.path != head.name)
+
+
+def hole_text(uri: str, head_version: int) -> str:
+    """What a commit missing below the head (and above every checkpoint) says happened."""
+    return (f"is missing from the storage root {uri}, below its head (version {head_version}): the "
+            "history was restored in part (without its head), or damaged")
 
 
 def _versions_text(versions: list[int]) -> str:

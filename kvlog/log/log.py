@@ -99,6 +99,9 @@ class Log:
         #: Rows of the catalog's files and batches the last checkpoint wrote, by their stored
         #: bytes (see ``kvlog.log.checkpoints``).
         self.checkpoint_rows: dict[str, dict[bytes, EncodedRow]] = {}
+        #: The newest checkpoint's version as this process last saw it in the cache (a lower
+        #: bound: others sharing the cache may have written newer ones).
+        self.checkpoint_seen = 0
         self._committer = Committer(self)
         #: Held while commits are applied: a reader holding it sees no apply in between.
         self.apply_lock = self._committer.apply_lock
@@ -341,6 +344,16 @@ class Log:
         ``follow_interval_ms``) or ``timeout_s`` passes; return the applied version."""
         return waiting.wait_for_commit(self, self._committer.signal, after_version, timeout_s)
 
+    def rewind(self) -> int:
+        """Make the newest commit this cache applied the head again, dropping the commits past
+        it (see ``kvlog.log.committer.Committer.rewind``); its version."""
+        return self._committer.rewind()
+
+    def drop_past_head(self) -> None:
+        """Delete the commits and checkpoints past the head (see
+        ``kvlog.log.committer.Committer.drop_past_head``)."""
+        self._committer.drop_past_head()
+
     def commit(self, build: Callable[[int], Commit], own: OwnBatches | None = None) -> CommitOutcome:
         """Write the commit ``build(version)`` at the next free version and return its outcome
         (see ``kvlog.log.committer.Committer.commit``)."""
@@ -378,10 +391,11 @@ class Log:
         return entry, data
 
     def append_batches(
-        self, producer_id: int, epoch: int, batches: Sequence[PendingBatch]
+        self, producer_id: int, epoch: int, batches: Sequence[PendingBatch], *, resend: bool = True,
     ) -> list[AppendResult]:
-        """Append batches of one producer in one data file and one commit, all or nothing; durable on return."""
-        return append.append_batches(self, producer_id, epoch, batches)
+        """Append batches of one producer in one data file and one commit, all or nothing; durable
+        on return (``resend=False``: never sent before, see ``kvlog.log.append.append_batches``)."""
+        return append.append_batches(self, producer_id, epoch, batches, resend=resend)
 
     def producer(self, producer_id: int | None = None, *, epoch: int | None = None) -> Producer:
         """A producer handle: a new id, a bumped epoch (fencing), or a resumed one."""
@@ -392,9 +406,10 @@ class Log:
         producer_handle.register_producer(self, producer_id, epoch)
 
     # -- checkpoints: kvlog.log.checkpoints ----------------------------------------------------
-    def maybe_checkpoint(self) -> None:
-        """Write a checkpoint when ``checkpoint_interval`` commits were applied since the last one."""
-        checkpoints.maybe_checkpoint(self)
+    def maybe_checkpoint(self, version: int | None = None) -> None:
+        """Write a checkpoint when ``checkpoint_interval`` commits were applied since the last one
+        (``version``: the one just applied, if known)."""
+        checkpoints.maybe_checkpoint(self, version)
 
     def write_checkpoint(self) -> int:
         """Write the full metadata at the applied version as ``log/<version>.checkpoint.json``."""

@@ -37,8 +37,9 @@ from kvlog.format.identity import (
     encode_identity,
 )
 from kvlog.index import check_cache_file
-from kvlog.log.checkpoints import load_checkpoint, newest_checkpoint
+from kvlog.log.checkpoints import load_checkpoint, newest_checkpoint, survey
 from kvlog.log.committer import REBUILD_REOPEN
+from kvlog.log.head import hole_text
 from kvlog.log.log import Log
 from kvlog.log.naming import commit_name
 from kvlog.log.pinned_open import open_pinned
@@ -286,7 +287,12 @@ def _catch_up(the_log: Log, on_storage_behind: str) -> None:
     # never waits for a merge, whatever was pending.
     with the_log.settle_deferred():
         try:
-            loaded = _replay(the_log)
+            found = survey(the_log.storage)
+            if found.hole is not None:
+                # Found even by a cache at the head, which replays nothing: the root was put back
+                # from an older copy without its head (or commits were deleted).
+                raise StorageBehindError(found.hole, hole_text(the_log.storage.uri, found.head_version))
+            loaded = _replay(the_log, found.newest_checkpoint)
         except StorageBehindError as e:
             if on_storage_behind != "rebuild":
                 reason = e.reason.removesuffix(": " + REBUILD_REOPEN)
@@ -295,7 +301,18 @@ def _catch_up(the_log: Log, on_storage_behind: str) -> None:
                         "rebuilding it from storage, as on_storage_behind='rebuild' asks",
                         the_log.env.path, the_log.storage.uri, e)
             _reset_cache(the_log)
-            loaded = _replay(the_log)
+            try:
+                loaded = _replay(the_log)
+            except StorageBehindError as hole:
+                # A hole below the head that no checkpoint spans: the head goes back to the newest
+                # commit before it (the cache stopped there), dropping the commits past it.
+                if the_log.read_only:
+                    raise StorageBehindError(hole.name, f"{hole.reason}; a writer opening it with "
+                                             "on_storage_behind='rebuild' drops the commits past it") from None
+                the_log.rewind()
+                loaded = _replay(the_log)
+            if not the_log.read_only:
+                the_log.drop_past_head()
         if not loaded and the_log.maintain_index and (
                 the_log.snapshot(lambda r: r.get_meta("index_ready")) == b"0"):
             # Rebuild an index marked for it at the newest version, whose live files exist (an
@@ -303,10 +320,12 @@ def _catch_up(the_log: Log, on_storage_behind: str) -> None:
             the_log.rebuild_index()
 
 
-def _replay(the_log: Log) -> bool:
-    """Load the newest checkpoint into an empty cache, or replay up to the head (which catches
-    a cache behind commit GC up from the checkpoint); whether a checkpoint was loaded."""
-    if the_log.version == 0 and _load_checkpoint(the_log, newest_checkpoint(the_log.storage)):
+def _replay(the_log: Log, newest: int | None = None) -> bool:
+    """Load the newest checkpoint (``newest``, if just listed) into an empty cache, or replay
+    up to the head (which catches a cache behind commit GC up from the checkpoint); whether a
+    checkpoint was loaded."""
+    if the_log.version == 0 and _load_checkpoint(
+            the_log, newest_checkpoint(the_log.storage) if newest is None else newest):
         return True
     the_log.refresh()
     return False

@@ -166,9 +166,9 @@ def test_eight_writer_threads_with_their_own_handles(
 
     conflicts = sum(c.conflicts for c in counters)
     commits = sum(c.commits for c in counters)
-    record_property("put_if_absent_conflicts", conflicts)
+    record_property("swap_conflicts", conflicts)
     record_property("commit_retries_exhausted", sum(gave_up))
-    print(f"\n{conflicts} commit puts lost the race, {sum(gave_up)} appends resent after exhausted retries")
+    print(f"\n{conflicts} swaps of the head lost the race, {sum(gave_up)} appends resent after exhausted retries")
 
     verifier = open_log(storage_factory(), cache_dir=tmp_path / "verifier", config=config)
     try:

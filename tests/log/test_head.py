@@ -7,6 +7,7 @@ deleted by hand, and the head alone put back from an older copy of the root.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +109,63 @@ def test_the_head_alone_put_back_from_an_older_copy_is_the_store_s_state(tmp_pat
         assert store.check() == []
     with kvlog.open(root, cache_dir=tmp_path / "fresh", read_only=True) as fresh:
         assert dict(fresh.items()) == {b"a": b"1", b"d": b"4"} and fresh.log.version == 2
+
+
+def test_a_root_restored_without_its_head_is_refused_then_rebuilt_back_to_the_restored_history(
+        tmp_path: Path) -> None:
+    """Everything but ``log/head.json`` put back from an older copy leaves a hole below the head
+    (the commits after the copy are gone) that no checkpoint spans. Opening refuses it, naming
+    the first missing commit; a read-only rebuild refuses to write; a writer's rebuild takes
+    the head back to the copy's newest commit, deletes what lies past it (a stale checkpoint
+    included), and the store writes on from there for every opener."""
+    root, backup = tmp_path / "root", tmp_path / "backup"
+    with kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET) as store:
+        store.put(b"a", b"1", sync=True)
+        store.put(b"b", b"2", sync=True)
+        shutil.copytree(root, backup)
+        for i in range(3):
+            store.put(b"c%d" % i, b"3", sync=True)
+        store.log.write_checkpoint()  # at version 5: past the hole, of the history it loses
+    head = (root / "log" / "head.json").read_bytes()
+    shutil.rmtree(root)
+    shutil.copytree(backup, root)
+    (root / "log" / "head.json").write_bytes(head)  # the head stayed at version 5
+    assert head_version(LocalStorage(root)) == 5
+
+    with pytest.raises(StorageBehindError, match=r"log/0+3\.json: is missing .* below its head \(version 5\)"):
+        kvlog.open(root, cache_dir=tmp_path / "fresh", **QUIET)
+    with pytest.raises(StorageBehindError, match="a writer opening it with on_storage_behind='rebuild'"):
+        kvlog.open(root, cache_dir=tmp_path / "ro", read_only=True, on_storage_behind="rebuild")
+    assert head_version(LocalStorage(root)) == 5  # nothing changed
+    with kvlog.open(root, cache_dir=tmp_path / "cache", on_storage_behind="rebuild", **QUIET) as store:
+        assert dict(store.items()) == {b"a": b"1", b"b": b"2"}
+        assert head_version(LocalStorage(root)) == 2
+        assert sorted(p.name for p in (root / "log").iterdir() if p.name.startswith("000")) == [
+            commit_name(1).removeprefix("log/"), commit_name(2).removeprefix("log/")]
+        store.put(b"d", b"4", sync=True)
+        assert store.log.version == 3 and store.check() == []
+    with kvlog.open(root, cache_dir=tmp_path / "other", read_only=True) as other:
+        assert dict(other.items()) == {b"a": b"1", b"b": b"2", b"d": b"4"} and other.log.version == 3
+
+
+def test_the_head_s_copy_is_put_back_from_the_head_only_while_its_data_file_is_there(tmp_path: Path) -> None:
+    """The newest commit alone lost with the rest of a restore: the head holds its bytes, so its
+    copy would be put back, but the data file it adds is gone too: that commit is the hole,
+    and a rebuild takes the head back to the one before it."""
+    root, backup = tmp_path / "root", tmp_path / "backup"
+    files = dict(QUIET, commit_inline_bytes=0)  # every flush writes a data file
+    with kvlog.open(root, cache_dir=tmp_path / "cache", **files) as store:
+        store.put(b"a", b"1", sync=True)
+        shutil.copytree(root, backup)
+        store.put(b"b", b"2", sync=True)
+    head = (root / "log" / "head.json").read_bytes()
+    shutil.rmtree(root)
+    shutil.copytree(backup, root)
+    (root / "log" / "head.json").write_bytes(head)
+    with pytest.raises(StorageBehindError, match=r"log/0+2\.json: is missing .* below its head \(version 2\)"):
+        kvlog.open(root, cache_dir=tmp_path / "cache", **files)
+    assert not (root / commit_name(2)).exists()  # not put back from the head
+    with kvlog.open(root, cache_dir=tmp_path / "cache", on_storage_behind="rebuild", **files) as store:
+        assert dict(store.items()) == {b"a": b"1"} and store.log.version == 1
+        store.put(b"c", b"3", sync=True)
+        assert store.check() == []

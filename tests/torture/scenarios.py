@@ -347,7 +347,7 @@ class SlowCompaction(Action):
             world.log(f"{name}: after gc, job outputs still in storage: {[p for p in outputs() if raw.exists(p)]}")
             raw.close()
 
-        storage.add_hook(Hook("put_if_absent", "log/*", stall, times=1, exclude="*.checkpoint.json"))
+        storage.add_hook(Hook("swap", HEAD_NAME, stall, times=1))
         try:
             report = store.compact(force=True)
             world.log(f"{name}: compact -> kind={report.kind} refused={report.refused} version={report.version} "
@@ -360,6 +360,55 @@ class SlowCompaction(Action):
                 store.close()
             except KvlogError as e:
                 world.log(f"{name}: close raised {classify(e)}")
+
+
+class SlowAppend(Action):
+    """The maintainer's durable write whose commit stalls past ``file_delete_delay_ms``.
+
+    Only where a flush writes a data file before its commit (``commit_inline_bytes`` below
+    the write): just before the maintainer's swap of the head, a hook moves the shared clock
+    past the delay, waits it out in real time, and has a fresh handle commit (a producer's
+    registration) and run ``gc()``, which condemns the waiting data file as an orphan. The
+    stalled swap is then refused; the write must be written again and acknowledged once, or
+    fail, never lost after an acknowledgement.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def run(self, run: Run) -> None:
+        world = run.world
+        rng = random.Random(self.seed)
+        delay = int(world.settings["file_delete_delay_ms"])
+        pad = 2048
+        maintainer = run.maintainer
+        if int(world.settings["commit_inline_bytes"]) >= pad or maintainer.storage is None:
+            world.log("slow append: flushes travel inside their commit here; none")
+            return
+        name = f"a{rng.randrange(10**6)}"
+
+        def stall(op: str, obj: str) -> None:
+            world.log(f"{name}: stalling the maintainer's {op} {obj}: clock +{delay + 1} ms, sleep "
+                      f"{delay + 150} ms, then {name} commits and collects garbage")
+            world.clock.advance(delay + 1)
+            time.sleep((delay + 150) / 1000.0)
+            try:
+                store, storage = world.open(name, world.fresh_cache(name), FaultSpec(), background_compaction=False)
+            except (KvlogError, SimulatedCrash) as e:
+                world.log(f"{name}: open raised {classify(e)}")
+                return
+            try:
+                store.log.register_producer(rng.randrange(10**6, 2 * 10**6), 0)
+                world.log(f"{name}: gc -> {store.gc()}")
+            except (KvlogError, SimulatedCrash) as e:
+                world.log(f"{name}: commit or gc raised {classify(e)}")
+            finally:
+                storage.quiet()
+                store.close()
+
+        maintainer.storage.add_hook(Hook("swap", HEAD_NAME, stall, times=1))
+        outcome = maintainer.write({"op": "put_sync", "key": rng.randrange(maintainer.mix.keys), "pad": pad})
+        world.log(f"{name}: the maintainer's stalled write -> {outcome}")
 
 
 class Snapshot(Action):
@@ -388,9 +437,14 @@ class Restore(Action):
     lands between any two storage calls, possibly inside a commit or an open.
     """
 
-    def __init__(self, tag: str, quiesce: bool = True, head_only: bool = False) -> None:
+    def __init__(self, tag: str, quiesce: bool = True, head_only: bool = False, keep_head: bool = False) -> None:
         self.tag = tag
         self.quiesce = quiesce
+        #: Put back everything but the head, which keeps its newer version: the commits after the
+        #: copy leave a hole below the head. The operator then rebuilds (a writer opening with
+        #: ``on_storage_behind="rebuild"``, before anyone resumes), which takes the head back to
+        #: the copy's newest commit; the restore is over once that rebuild is.
+        self.keep_head = keep_head and quiesce
         #: Put back the head (``log/head.json``) alone, leaving every newer commit, checkpoint and
         #: data file where it is: the store is then the head's older version, as after a whole
         #: restore, and the newer commits beyond the head are never read again. Only while the
@@ -426,7 +480,15 @@ class Restore(Action):
                 run.world.log(f"restore {self.tag}: GC collected the history below the old head: "
                               "the whole root is put back instead")
                 self.head_only = False
-            if self.head_only:
+            if self.keep_head:
+                objects = {name: data for name, data in objects.items() if name != HEAD_NAME}
+                for info in raw.list(""):
+                    if info.name not in objects and info.name != HEAD_NAME:
+                        raw.delete(info.name)
+                        removed += 1
+                for name, data in objects.items():
+                    raw.put(name, data)
+            elif self.head_only:
                 if HEAD_NAME in objects:
                     raw.put(HEAD_NAME, objects[HEAD_NAME])
                 else:
@@ -439,13 +501,31 @@ class Restore(Action):
                         removed += 1
                 for name, data in objects.items():
                     raw.put(name, data)
-            done = time.monotonic_ns()
-            run.world.history.restores.append((taken, done))
             run.world.restored_file.touch()
             run.world.restore_count += 1
         raw.close()
         what = "the head alone" if self.head_only else f"{removed} newer objects removed, {len(objects)}"
-        run.world.log(f"restore {self.tag}: {what} put back")
+        run.world.log(f"restore {self.tag}: {what} put back{' (the head kept)' if self.keep_head else ''}")
+        if self.keep_head:
+            self._rebuild(run)
+        run.world.history.restores.append((taken, time.monotonic_ns()))
+
+    def _rebuild(self, run: Run) -> None:
+        """The operator's rebuild after a restore without the head (see ``keep_head``)."""
+        world = run.world
+        cache = world.fresh_cache("rebuild")
+        try:
+            store, storage = world.open("rebuild", cache, FaultSpec(), on_storage_behind="rebuild",
+                                        background_compaction=False)
+        except (KvlogError, SimulatedCrash) as e:
+            world.history.violation(f"restore {self.tag}: the rebuild after a restore without the head "
+                                    f"raised {classify(e)}")
+            return
+        try:
+            world.log(f"restore {self.tag}: rebuilt at version {store.log.version}")
+        finally:
+            store.close()
+            storage.close()
 
 
 def _history_whole(raw: Any, head: bytes | None) -> bool:
@@ -491,7 +571,7 @@ def _episode(rng: random.Random, kinds: dict[str, float], threads: list[str], pr
         return [Advance(rng.choice([300, 1100, 6000]))]
     if kind == "crash" and threads:
         how = rng.choice(["boundary", "storage", "storage"])
-        op, pattern = rng.choice([("put_if_absent", "log/*"), ("put", "data/*"), ("read", "log/*"),
+        op, pattern = rng.choice([("swap", "log/head.json"), ("put", "data/*"), ("read", "log/*"),
                                   ("*", None), ("delete", None), ("list", None)])
         return [Crash(rng.choice(threads), how, op, pattern, rng.choice(["before", "after"]))]
     if kind == "kill" and processes:
@@ -562,12 +642,14 @@ def storm(rng: random.Random) -> Scenario:
 
 @scenario("slow-compaction", weight=1.0)
 def slow_compaction(rng: random.Random) -> Scenario:
-    """Compaction jobs whose commit stalls while another writer commits and collects garbage."""
+    """Compaction jobs (or a durable write) whose commit stalls while another writer commits
+    and collects garbage."""
     weights = {k: v for k, v in DEFAULT_WEIGHTS.items() if k != "compact"}
     actions = _writers(rng, rng.randint(1, 2), 0, weights=weights)
     actions.append(WaitOps(30))
     for _ in range(rng.randint(1, 2)):
-        actions.extend([MaintainerWrites(4, rng.getrandbits(32)), SlowCompaction(rng.getrandbits(32)),
+        actions.extend([MaintainerWrites(4, rng.getrandbits(32)),
+                        SlowAppend(rng.getrandbits(32)) if rng.random() < 0.4 else SlowCompaction(rng.getrandbits(32)),
                         WaitOps(rng.randint(10, 30))])
         if rng.random() < 0.5:
             actions.extend([Advance(1100), GC()])
@@ -576,8 +658,8 @@ def slow_compaction(rng: random.Random) -> Scenario:
 
 @scenario("restore", weight=1.0)
 def restore(rng: random.Random) -> Scenario:
-    """The root is restored from an older copy (or its head alone is) while writer threads keep
-    their caches and write on."""
+    """The root is restored from an older copy (or its head alone is, or all of it but the head,
+    followed by the operator's rebuild) while writer threads keep their caches and write on."""
     threads = rng.randint(1, 2)
     actions = _writers(rng, threads, 0)
     if rng.random() < 0.6:
@@ -590,7 +672,8 @@ def restore(rng: random.Random) -> Scenario:
         compacted = rng.random() < 0.5
         if compacted:
             actions.append(Compact(force=True))
-        actions.append(Restore(tag, head_only=not compacted and rng.random() < 0.4))
+        way = rng.random()
+        actions.append(Restore(tag, head_only=not compacted and way < 0.4, keep_head=0.4 <= way < 0.7))
         actions.append(WaitOps(rng.randint(30, 80)))
         if rng.random() < 0.5:
             actions.append(Reopen(f"t{rng.randrange(threads)}"))

@@ -122,8 +122,8 @@ class FaultSpec:
 
     ``error_rate``: share of storage calls that fail (``error``) or lose their response
     (``timeout_after_success``); ``slow_rate``/``slow_max_ms``: share of calls delayed and by how
-    much at most; ``slow_commit_ms``: the first ``slow_commits`` calls of ``put_if_absent`` under
-    ``log/`` (the handle's first commits: its producer registration when it opens) take this long;
+    much at most; ``slow_commit_ms``: the first ``slow_commits`` swaps of the head (the
+    handle's first commits: its producer registration when it opens) take this long;
     ``crashes``: planned crashes, each ``[op, pattern, nth, when]``.
     """
 
@@ -225,7 +225,7 @@ class TortureStorage(FaultyStorage):
     # -- the call path --------------------------------------------------------------------------
     def _slow(self, op: str, name: str) -> None:
         spec = self.spec
-        if spec.slow_commit_ms and op == "put_if_absent" and name.startswith("log/"):
+        if spec.slow_commit_ms and op == "swap":
             with self._hook_lock:
                 self._slow_commits_done += 1
                 slow = self._slow_commits_done <= spec.slow_commits

@@ -85,6 +85,9 @@ def store_settings(rng: random.Random) -> dict[str, Any]:
         "cache_bytes": rng.choice([64 * 1024, 32 << 20]),
         "compression": rng.choice(["zstd", "lz4", "none"]),
         "offset_map_bytes": rng.choice([2048, 128 << 20]),
+        # 0: every flush writes a data file before its commit (what GC may collect under a slow
+        # writer); else flushes up to this size travel inside their commit.
+        "commit_inline_bytes": rng.choice([0, 1024, 64 * 1024]),
         "commit_retries": 400,
     }
     if rng.random() < 0.25:
@@ -153,7 +156,7 @@ class World:
             # Crashes before or after a storage call of each kind, or at any named crash point
             # library code marks (none fires where the library marks none).
             op, pattern = rng.choice([
-                ("put", "data/*"), ("put_if_absent", "log/*"), ("put_if_absent", "log/*"), ("read", "log/*"),
+                ("put", "data/*"), ("swap", "log/head.json"), ("swap", "log/head.json"), ("read", "log/*"),
                 ("read_range", None), ("list", None), ("delete", None), ("stat", None), ("put", None),
                 ("crash_point", None),
             ])
