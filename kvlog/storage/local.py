@@ -236,7 +236,8 @@ class LocalStorage(Storage):
                     os.replace(tmp, final)
                 finally:
                     tmp.unlink(missing_ok=True)
-                self._sync_dir(final.parent)
+                if self.fsync:
+                    os.fsync(lock)  # the lock is held on the directory: its fsync makes both names durable
                 if copy is not None and copy.parent != final.parent:
                     self._sync_dir(copy.parent)
             finally:
