@@ -43,7 +43,7 @@ from kvlog.log.naming import LOG_PREFIX, commit_name, parse_log_name
 from kvlog.log.replay import apply_commit
 from kvlog.log.waiting import CommitSignal
 from kvlog.meta import CommitOutcome, MetaTxn
-from kvlog.storage import Storage, SwapConflict
+from kvlog.storage import SwapConflict
 
 if TYPE_CHECKING:
     from kvlog.log.log import Log
@@ -130,8 +130,7 @@ class Committer:
                             self._head = head
                             return version  # its writer died before the copy: the next writer makes it
                         if not head_files_present(storage, head):
-                            raise StorageBehindError(name, f"{hole_text(storage.uri, head.version)}: "
-                                                     + REBUILD_REOPEN) from None
+                            raise StorageBehindError(name, hole_text(storage.uri, head.version)) from None
                         storage.put(name, head.data)
                         data = head.data
                     elif newest_checkpoint(storage) > version:
@@ -141,49 +140,11 @@ class Committer:
                                                      "missing and the checkpoint could not be loaded") from None
                         continue
                     else:
-                        raise StorageBehindError(name, f"{hole_text(storage.uri, head.version)}: "
-                                                 + REBUILD_REOPEN) from None
+                        raise StorageBehindError(name, hole_text(storage.uri, head.version)) from None
                 commit = decode_commit(name, data)
                 if commit.version != version + 1:
                     raise CorruptDataError(name, f"holds version {commit.version}")
                 self._apply(commit, crc32c(data), data)
-
-    def rewind(self) -> int:
-        """Make the commit this cache applied last the head again, dropping every commit and
-        checkpoint past it; return its version. For a root whose history has a hole below its
-        head that no checkpoint spans (restored from an older copy without its head, or commits
-        deleted): the commits past the hole cannot be replayed, so they are lost, as
-        ``on_storage_behind="rebuild"`` accepts. The copies and checkpoints past the new head
-        are deleted first (a later writer reuses their names), then the head is swapped,
-        conditional on the head read: a crash in between leaves the hole, and the next rebuild
-        finishes the rewind."""
-        the_log = self._log
-        storage = the_log.storage
-        with self.apply_lock:
-            version: int
-            applied: tuple[int, str, int] | None
-            version, applied = the_log.snapshot(lambda r: (r.version(), r.applied_commit()))
-            if applied is None:
-                raise StorageBehindError(commit_name(1), "the storage root holds no whole history to "
-                                         "rebuild from: no checkpoint, and commits are missing")
-            name = commit_name(version)
-            data = storage.read(name)
-            if crc32c(data) != applied[2]:
-                raise CorruptDataError(name, "differs from the commit the cache applied at that version")
-            head = read_head(storage)
-            if head.version <= version:
-                return version
-            log.warning("the history of %s has a hole after version %d, below its head (version %d): "
-                        "the head goes back to version %d and the commits past it are dropped",
-                        storage.uri, version, head.version, version)
-            _delete_past(storage, list(storage.iter_names(LOG_PREFIX)), version)
-            try:
-                token = storage.swap(HEAD_NAME, data, head.token)
-            except SwapConflict:
-                raise CommitConflictError("another writer moved the head while it was being taken back "
-                                          "to the history before the hole; open the store again") from None
-            self._head = Head(version, applied[1], applied[2], token, data)
-        return version
 
     def drop_past_head(self) -> None:
         """Delete the commits and checkpoints past the head, which a root whose head alone was
@@ -195,7 +156,10 @@ class Committer:
         """
         storage = self._log.storage
         names = list(storage.iter_names(LOG_PREFIX))
-        _delete_past(storage, names, read_head(storage).version)
+        version = read_head(storage).version
+        past = [(p[0], name) for name in names if (p := parse_log_name(name)) is not None and p[0] > version]
+        for _later, name in sorted(past, reverse=True):
+            storage.delete(name)
 
     def catch_up(self) -> bool:
         """Catch this cache up from the newest checkpoint after it fell behind commit GC
@@ -396,13 +360,6 @@ class Committer:
             f"could not learn whether commit {commit_name(version)} landed; reopen the store and "
             "read back what it holds before resending"
         ) from last
-
-
-def _delete_past(storage: Storage, names: list[str], version: int) -> None:
-    """Delete the commits and checkpoints among ``names`` past ``version``, newest first."""
-    past = [(parsed[0], name) for name in names if (parsed := parse_log_name(name)) is not None and parsed[0] > version]
-    for _later, name in sorted(past, reverse=True):
-        storage.delete(name)
 
 
 def _pause(seconds: float) -> None:

@@ -133,9 +133,13 @@ def head_files_present(storage: Storage, head: Head) -> bool:
 
 
 def hole_text(uri: str, head_version: int) -> str:
-    """What a commit missing below the head (and above every checkpoint) says happened."""
+    """What a commit missing below the head (and above every checkpoint) says happened, and
+    what repairs it: no cache can be rebuilt over the hole, and nothing in kvlog deletes the
+    commits past it, so the head must come back from the same copy as the rest."""
     return (f"is missing from the storage root {uri}, below its head (version {head_version}): the "
-            "history was restored in part (without its head), or damaged")
+            f"history was put back from an older copy without its head, or damaged: put back "
+            f"{HEAD_NAME} from the copy the rest came from, then open with "
+            "on_storage_behind='rebuild'")
 
 
 def _versions_text(versions: list[int]) -> str:

@@ -344,11 +344,6 @@ class Log:
         ``follow_interval_ms``) or ``timeout_s`` passes; return the applied version."""
         return waiting.wait_for_commit(self, self._committer.signal, after_version, timeout_s)
 
-    def rewind(self) -> int:
-        """Make the newest commit this cache applied the head again, dropping the commits past
-        it (see ``kvlog.log.committer.Committer.rewind``); its version."""
-        return self._committer.rewind()
-
     def drop_past_head(self) -> None:
         """Delete the commits and checkpoints past the head (see
         ``kvlog.log.committer.Committer.drop_past_head``)."""

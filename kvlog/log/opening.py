@@ -41,7 +41,7 @@ from kvlog.log.checkpoints import load_checkpoint, newest_checkpoint, survey
 from kvlog.log.committer import REBUILD_REOPEN
 from kvlog.log.head import hole_text
 from kvlog.log.log import Log
-from kvlog.log.naming import commit_name
+from kvlog.log.naming import LOG_PREFIX, commit_name
 from kvlog.log.pinned_open import open_pinned
 from kvlog.log.pins_named import check_name
 from kvlog.meta import MetaTxn, acquire_env, reset_env
@@ -285,13 +285,13 @@ def _catch_up(the_log: Log, on_storage_behind: str) -> None:
     # Replaying what a killed writer left applies its commits' index runs without merging them:
     # reads search pending runs, and the writer's quiet spells merge them later, so reopening
     # never waits for a merge, whatever was pending.
+    found = survey(the_log.storage)
+    if found.hole is not None:
+        # Found even by a cache at the head, which replays nothing: the root was put back from an
+        # older copy without its head (or commits were deleted). Nothing is changed.
+        raise StorageBehindError(found.hole, hole_text(the_log.storage.uri, found.head_version))
     with the_log.settle_deferred():
         try:
-            found = survey(the_log.storage)
-            if found.hole is not None:
-                # Found even by a cache at the head, which replays nothing: the root was put back
-                # from an older copy without its head (or commits were deleted).
-                raise StorageBehindError(found.hole, hole_text(the_log.storage.uri, found.head_version))
             loaded = _replay(the_log, found.newest_checkpoint)
         except StorageBehindError as e:
             if on_storage_behind != "rebuild":
@@ -301,16 +301,7 @@ def _catch_up(the_log: Log, on_storage_behind: str) -> None:
                         "rebuilding it from storage, as on_storage_behind='rebuild' asks",
                         the_log.env.path, the_log.storage.uri, e)
             _reset_cache(the_log)
-            try:
-                loaded = _replay(the_log)
-            except StorageBehindError as hole:
-                # A hole below the head that no checkpoint spans: the head goes back to the newest
-                # commit before it (the cache stopped there), dropping the commits past it.
-                if the_log.read_only:
-                    raise StorageBehindError(hole.name, f"{hole.reason}; a writer opening it with "
-                                             "on_storage_behind='rebuild' drops the commits past it") from None
-                the_log.rewind()
-                loaded = _replay(the_log)
+            loaded = _replay(the_log)
             if not the_log.read_only:
                 the_log.drop_past_head()
         if not loaded and the_log.maintain_index and (
@@ -353,8 +344,10 @@ def _load_checkpoint(the_log: Log, newest: int) -> bool:
                 # Its commit was collected under a newer checkpoint meanwhile: load that one.
                 newest = latest
                 continue
-            # A damaged checkpoint only costs replay time while the commits it sums up remain.
-            if not the_log.storage.exists(commit_name(1)):
+            # A damaged checkpoint only costs replay time while the commits it sums up remain
+            # (commit GC may have collected some below it, and kept others that carry live files).
+            names = set(the_log.storage.iter_names(LOG_PREFIX))
+            if not all(commit_name(v) in names for v in range(1, newest + 1)):
                 raise
             log.warning("checkpoint %d unusable (%s): replaying the commits instead", newest, e)
             _reset_cache(the_log)

@@ -16,7 +16,7 @@ import pytest
 import kvlog
 from kvlog.errors import StorageBehindError, StorageError
 from kvlog.log.head import HEAD_NAME
-from kvlog.log.naming import commit_name
+from kvlog.log.naming import checkpoint_name, commit_name
 from kvlog.storage import LocalStorage
 from kvlog.storage.base import BytesLike
 from tests.commits import head_version
@@ -111,13 +111,13 @@ def test_the_head_alone_put_back_from_an_older_copy_is_the_store_s_state(tmp_pat
         assert dict(fresh.items()) == {b"a": b"1", b"d": b"4"} and fresh.log.version == 2
 
 
-def test_a_root_restored_without_its_head_is_refused_then_rebuilt_back_to_the_restored_history(
-        tmp_path: Path) -> None:
+def test_a_root_restored_without_its_head_is_refused_until_the_head_comes_back(tmp_path: Path) -> None:
     """Everything but ``log/head.json`` put back from an older copy leaves a hole below the head
-    (the commits after the copy are gone) that no checkpoint spans. Opening refuses it, naming
-    the first missing commit; a read-only rebuild refuses to write; a writer's rebuild takes
-    the head back to the copy's newest commit, deletes what lies past it (a stale checkpoint
-    included), and the store writes on from there for every opener."""
+    (the commits after the copy are gone) that no checkpoint spans. Every open refuses it,
+    naming the first missing commit, even with the writer's own cache at the head (which
+    replays nothing) and with ``on_storage_behind="rebuild"``; nothing is changed. Once the
+    copy's head is put back too, the rebuild opens the copy's state, a stale checkpoint past
+    it is deleted, and the store writes on from there for every opener."""
     root, backup = tmp_path / "root", tmp_path / "backup"
     with kvlog.open(root, cache_dir=tmp_path / "cache", **QUIET) as store:
         store.put(b"a", b"1", sync=True)
@@ -130,18 +130,20 @@ def test_a_root_restored_without_its_head_is_refused_then_rebuilt_back_to_the_re
     shutil.rmtree(root)
     shutil.copytree(backup, root)
     (root / "log" / "head.json").write_bytes(head)  # the head stayed at version 5
-    assert head_version(LocalStorage(root)) == 5
+    (root / "log" / Path(checkpoint_name(5)).name).write_bytes(b"left behind")
+    listing = sorted(p.name for p in (root / "log").iterdir())
 
-    with pytest.raises(StorageBehindError, match=r"log/0+3\.json: is missing .* below its head \(version 5\)"):
-        kvlog.open(root, cache_dir=tmp_path / "fresh", **QUIET)
-    with pytest.raises(StorageBehindError, match="a writer opening it with on_storage_behind='rebuild'"):
-        kvlog.open(root, cache_dir=tmp_path / "ro", read_only=True, on_storage_behind="rebuild")
-    assert head_version(LocalStorage(root)) == 5  # nothing changed
+    hole = r"log/0+3\.json: is missing .* below its head \(version 5\).* put back log/head.json from the copy"
+    for cache, options in (("cache", {}), ("fresh", {}), ("cache", {"on_storage_behind": "rebuild"}),
+                           ("ro", {"read_only": True, "on_storage_behind": "rebuild"})):
+        with pytest.raises(StorageBehindError, match=hole):
+            kvlog.open(root, cache_dir=tmp_path / cache, **QUIET, **options)
+    assert sorted(p.name for p in (root / "log").iterdir()) == listing  # nothing changed
+
+    shutil.copy(backup / "log" / "head.json", root / "log" / "head.json")
     with kvlog.open(root, cache_dir=tmp_path / "cache", on_storage_behind="rebuild", **QUIET) as store:
         assert dict(store.items()) == {b"a": b"1", b"b": b"2"}
-        assert head_version(LocalStorage(root)) == 2
-        assert sorted(p.name for p in (root / "log").iterdir() if p.name.startswith("000")) == [
-            commit_name(1).removeprefix("log/"), commit_name(2).removeprefix("log/")]
+        assert not (root / checkpoint_name(5)).exists()  # past the head: deleted by the rebuild
         store.put(b"d", b"4", sync=True)
         assert store.log.version == 3 and store.check() == []
     with kvlog.open(root, cache_dir=tmp_path / "other", read_only=True) as other:
@@ -150,8 +152,8 @@ def test_a_root_restored_without_its_head_is_refused_then_rebuilt_back_to_the_re
 
 def test_the_head_s_copy_is_put_back_from_the_head_only_while_its_data_file_is_there(tmp_path: Path) -> None:
     """The newest commit alone lost with the rest of a restore: the head holds its bytes, so its
-    copy would be put back, but the data file it adds is gone too: that commit is the hole,
-    and a rebuild takes the head back to the one before it."""
+    copy could be put back, but the data file it adds is gone too: that commit is the hole,
+    named at open, and its copy is not written."""
     root, backup = tmp_path / "root", tmp_path / "backup"
     files = dict(QUIET, commit_inline_bytes=0)  # every flush writes a data file
     with kvlog.open(root, cache_dir=tmp_path / "cache", **files) as store:
@@ -163,9 +165,5 @@ def test_the_head_s_copy_is_put_back_from_the_head_only_while_its_data_file_is_t
     shutil.copytree(backup, root)
     (root / "log" / "head.json").write_bytes(head)
     with pytest.raises(StorageBehindError, match=r"log/0+2\.json: is missing .* below its head \(version 2\)"):
-        kvlog.open(root, cache_dir=tmp_path / "cache", **files)
+        kvlog.open(root, cache_dir=tmp_path / "cache", on_storage_behind="rebuild", **files)
     assert not (root / commit_name(2)).exists()  # not put back from the head
-    with kvlog.open(root, cache_dir=tmp_path / "cache", on_storage_behind="rebuild", **files) as store:
-        assert dict(store.items()) == {b"a": b"1"} and store.log.version == 1
-        store.put(b"c", b"3", sync=True)
-        assert store.check() == []

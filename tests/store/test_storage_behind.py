@@ -17,7 +17,7 @@ import pytest
 from root_surgery import QUIET, copy_root, restore_root, write_past_a_backup
 
 import kvlog
-from kvlog.errors import StorageBehindError
+from kvlog.errors import CorruptDataError, StorageBehindError
 from kvlog.log.naming import commit_name
 from kvlog.storage import LocalStorage, SwapConflict
 from kvlog.storage.base import BytesLike
@@ -199,6 +199,33 @@ def test_a_damaged_checkpoint_costs_replay_time_not_the_store(tmp_path: Path) ->
     newest.write_bytes(bytes(data))
     with kvlog.open(root, cache_dir=tmp_path / "fresh", **settings) as reader:
         assert [reader.get(f"k{i}".encode()) for i in range(7)] == [b"v"] * 7
+
+
+def test_a_damaged_checkpoint_over_commits_gc_collected_is_refused_not_rebuilt_back(tmp_path: Path) -> None:
+    """Commit GC collects the commits below the newest checkpoint but keeps the one whose inline
+    file is still live: the history below the checkpoint has gaps by design. A damaged
+    checkpoint there cannot be replaced by replaying the commits, and a rebuild must not take
+    such a gap for a restore without the head: it raises, and the head stays where it is."""
+    root = tmp_path / "root"
+    settings = {**QUIET, "checkpoint_interval": 3, "commit_retention_ms": 0}
+    with kvlog.open(root, cache_dir=tmp_path / "cache", **settings) as store:
+        store.put(b"a", b"inline", sync=True)  # commit 1 carries its record: kept while live
+    with kvlog.open(root, cache_dir=tmp_path / "cache", **settings, commit_inline_bytes=0) as store:
+        for i in range(6):
+            store.put(f"k{i}".encode(), b"v", sync=True)  # commits 2-7 name data files
+        store.gc()
+    names = sorted(p.name for p in (root / "log").iterdir())
+    assert commit_name(1).removeprefix("log/") in names and commit_name(2).removeprefix("log/") not in names
+    newest = sorted((root / "log").glob("*.checkpoint.json"))[-1]
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0x20
+    newest.write_bytes(bytes(data))
+    head = (root / "log" / "head.json").read_bytes()
+    with pytest.raises(CorruptDataError, match=newest.name):
+        kvlog.open(root, cache_dir=tmp_path / "fresh", on_storage_behind="rebuild", **settings)
+    assert (root / "log" / "head.json").read_bytes() == head
+    with kvlog.open(root, cache_dir=tmp_path / "cache", **settings) as store:  # a cache needs no checkpoint
+        assert store.get(b"a") == b"inline" and store.get(b"k5") == b"v"
 
 
 def test_gc_from_a_cache_ahead_of_a_restored_root_deletes_nothing(tmp_path: Path) -> None:

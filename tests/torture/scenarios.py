@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Action", "Scenario", "SCENARIOS", "scenario", "pick_scenario", "Spawn", "WaitOps", "Pause", "Compact",
-    "GC", "Advance", "Crash", "Reopen", "Storm", "SlowCompaction", "Snapshot", "Restore", "ReaderReopen",
+    "GC", "Advance", "Crash", "Reopen", "Storm", "SlowAppend", "SlowCompaction", "Snapshot", "Restore", "ReaderReopen",
     "MaintainerWrites",
 ]
 
@@ -308,7 +308,18 @@ class Storm(Action):
             t.finish()
 
 
-class SlowCompaction(Action):
+class _Stall(Action):
+    """An action, drawn from its own ``seed``, that stalls a commit past ``file_delete_delay_ms``."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def _start(self, run: Run) -> tuple[World, random.Random, int]:
+        """The world, this action's random numbers, and the delay to stall past."""
+        return run.world, random.Random(self.seed), int(run.world.settings["file_delete_delay_ms"])
+
+
+class SlowCompaction(_Stall):
     """A compaction job whose replace commit stalls past ``file_delete_delay_ms``.
 
     A fresh handle compacts (``force=True``); just before its replace commit reaches storage, a
@@ -317,13 +328,8 @@ class SlowCompaction(Action):
     older than the delay and not live yet: GC must not make the commit that follows lose it.
     """
 
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-
     def run(self, run: Run) -> None:
-        world = run.world
-        rng = random.Random(self.seed)
-        delay = int(world.settings["file_delete_delay_ms"])
+        world, rng, delay = self._start(run)
         name = f"c{rng.randrange(10**6)}"
         try:
             store, storage = world.open(name, world.fresh_cache(name), FaultSpec(), background_compaction=False)
@@ -362,7 +368,7 @@ class SlowCompaction(Action):
                 world.log(f"{name}: close raised {classify(e)}")
 
 
-class SlowAppend(Action):
+class SlowAppend(_Stall):
     """The maintainer's durable write whose commit stalls past ``file_delete_delay_ms``.
 
     Only where a flush writes a data file before its commit (``commit_inline_bytes`` below
@@ -373,13 +379,8 @@ class SlowAppend(Action):
     fail, never lost after an acknowledgement.
     """
 
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-
     def run(self, run: Run) -> None:
-        world = run.world
-        rng = random.Random(self.seed)
-        delay = int(world.settings["file_delete_delay_ms"])
+        world, rng, delay = self._start(run)
         pad = 2048
         maintainer = run.maintainer
         if int(world.settings["commit_inline_bytes"]) >= pad or maintainer.storage is None:
@@ -441,9 +442,10 @@ class Restore(Action):
         self.tag = tag
         self.quiesce = quiesce
         #: Put back everything but the head, which keeps its newer version: the commits after the
-        #: copy leave a hole below the head. The operator then rebuilds (a writer opening with
-        #: ``on_storage_behind="rebuild"``, before anyone resumes), which takes the head back to
-        #: the copy's newest commit; the restore is over once that rebuild is.
+        #: copy leave a hole below the head. Before anyone resumes, the operator opens the store
+        #: (with ``on_storage_behind="rebuild"``), which must refuse, naming the hole, and change
+        #: nothing; then puts the copy's head back as the refusal says and rebuilds. The restore
+        #: is over once that rebuild is.
         self.keep_head = keep_head and quiesce
         #: Put back the head (``log/head.json``) alone, leaving every newer commit, checkpoint and
         #: data file where it is: the store is then the head's older version, as after a whole
@@ -507,25 +509,38 @@ class Restore(Action):
         what = "the head alone" if self.head_only else f"{removed} newer objects removed, {len(objects)}"
         run.world.log(f"restore {self.tag}: {what} put back{' (the head kept)' if self.keep_head else ''}")
         if self.keep_head:
-            self._rebuild(run)
+            self._rebuild(run, run.snapshots[self.tag][1].get(HEAD_NAME))
         run.world.history.restores.append((taken, time.monotonic_ns()))
 
-    def _rebuild(self, run: Run) -> None:
-        """The operator's rebuild after a restore without the head (see ``keep_head``)."""
+    def _rebuild(self, run: Run, head: bytes | None) -> None:
+        """The operator after a restore without the head (see ``keep_head``): an open refused,
+        the copy's head put back, a rebuild."""
         world = run.world
-        cache = world.fresh_cache("rebuild")
-        try:
-            store, storage = world.open("rebuild", cache, FaultSpec(), on_storage_behind="rebuild",
-                                        background_compaction=False)
-        except (KvlogError, SimulatedCrash) as e:
-            world.history.violation(f"restore {self.tag}: the rebuild after a restore without the head "
-                                    f"raised {classify(e)}")
-            return
-        try:
-            world.log(f"restore {self.tag}: rebuilt at version {store.log.version}")
-        finally:
-            store.close()
-            storage.close()
+        raw = world.backend.raw()
+        hole = _history_whole(raw, raw.read(HEAD_NAME) if raw.exists(HEAD_NAME) else None) is False
+        for attempt in ("refused", "rebuilt"):
+            if attempt == "rebuilt":
+                if head is None:
+                    raw.delete(HEAD_NAME)
+                else:
+                    raw.put(HEAD_NAME, head)
+            try:
+                store, storage = world.open(f"operator-{attempt}", world.fresh_cache("operator"), FaultSpec(),
+                                            on_storage_behind="rebuild", background_compaction=False)
+            except (KvlogError, SimulatedCrash) as e:
+                if attempt == "rebuilt" or not (hole and type(e).__name__ == "StorageBehindError"):
+                    world.history.violation(f"restore {self.tag}: the operator's open ({attempt}) raised {classify(e)}")
+                world.log(f"restore {self.tag}: the operator's open raised {classify(e)}")
+                continue
+            try:
+                if attempt == "refused" and hole:
+                    world.history.violation(f"restore {self.tag}: a root with a hole below its head opened "
+                                            f"at version {store.log.version}")
+                world.log(f"restore {self.tag}: the operator's open ({attempt}) at version {store.log.version}")
+            finally:
+                store.close()
+                storage.close()
+        raw.close()
 
 
 def _history_whole(raw: Any, head: bytes | None) -> bool:
