@@ -282,14 +282,14 @@ def _catch_up(the_log: Log, on_storage_behind: str) -> None:
         log.info("metadata cache at %s rebuilt for store %s", the_log.env.path, the_log.identity.store_uuid)
     if not the_log.maintain_index:
         the_log.env.write(lambda txn: MetaTxn(the_log.env, txn).put_meta("index_ready", b"0"))
-    # Replaying what a killed writer left applies its commits' index runs without merging them:
-    # reads search pending runs, and the writer's quiet spells merge them later, so reopening
-    # never waits for a merge, whatever was pending.
     found = survey(the_log.storage)
     if found.hole is not None:
         # Found even by a cache at the head, which replays nothing: the root was put back from an
         # older copy without its head (or commits were deleted). Nothing is changed.
         raise StorageBehindError(found.hole, hole_text(the_log.storage.uri, found.head_version))
+    # Replaying what a killed writer left applies its commits' index runs without merging them:
+    # reads search pending runs, and the writer's quiet spells merge them later, so reopening
+    # never waits for a merge, whatever was pending.
     with the_log.settle_deferred():
         try:
             loaded = _replay(the_log, found.newest_checkpoint)
