@@ -9,7 +9,6 @@ only a process shows (its exit status, a store directory left uncreated).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 
 import kvlog
 from kvlog.cli import main
+from tests.files import content_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-c", "import sys; from kvlog.cli import main; sys.exit(main())"]
@@ -46,35 +46,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def digest(path: Path) -> str:
-    """The SHA-256 of a file's size and of every data extent with its offset.
-
-    The cache's ``data.mdb`` is a sparse file of a 1 GiB map: reading only the extents that
-    hold data (``SEEK_DATA``/``SEEK_HOLE``) covers every byte that is not a hole, fast.
-    """
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        h.update(size.to_bytes(8, "big"))
-        offset = 0
-        while offset < size:
-            try:
-                start = os.lseek(f.fileno(), offset, os.SEEK_DATA)
-            except OSError:  # ENXIO: only a hole is left
-                break
-            end = os.lseek(f.fileno(), start, os.SEEK_HOLE)
-            f.seek(start)
-            h.update(start.to_bytes(8, "big"))
-            h.update(f.read(end - start))
-            offset = end
-    return h.hexdigest()
-
-
 def tree(root: Path) -> dict[str, str]:
     """Every directory and file under ``root``: a file's digest, a directory's marker."""
     out: dict[str, str] = {}
     for path in sorted(root.rglob("*")):
-        out[str(path.relative_to(root))] = "dir" if path.is_dir() else digest(path)
+        out[str(path.relative_to(root))] = "dir" if path.is_dir() else content_digest(path)
     return out
 
 

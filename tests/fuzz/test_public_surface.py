@@ -21,7 +21,7 @@ leaves them byte-identical even when it succeeds. ``lock.mdb`` is left out of th
 it is LMDB's table of reader slots, which every read transaction writes by design (a reader
 records the transaction it reads in it); it holds no data of the store and LMDB resets it when
 the environment opens. ``data.mdb`` is sparse (its map size): its hash covers the size and
-the data extents (``SEEK_DATA``/``SEEK_HOLE``), which are all its nonzero bytes. The cache's
+every nonzero page with its offset (:func:`tests.files.content_digest`). The cache's
 ``kvlog-clean`` stamp (``data.mdb``'s size, modification time and inode, written by the last
 clean close) is compared without the time: opening LMDB sets ``data.mdb``'s length to the map
 size, which moves its modification time without changing a byte, so a read-only open and close
@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import io
 import itertools
 import math
@@ -69,6 +68,7 @@ import kvlog
 import kvlog.aio
 from kvlog.cli import main as cli_main
 from kvlog.config import KEY_BYTES_LIMIT, StoreConfig
+from tests.files import content_digest
 
 EXAMPLES = int(os.environ.get("KVLOG_FUZZ_EXAMPLES", "30"))
 CLI_EXAMPLES = max(8, EXAMPLES // 4)
@@ -156,33 +156,6 @@ def blocking_timeout(value: Any) -> Any:
 
 # -- the store's files ----------------------------------------------------------------------------
 
-def _file_digest(path: Path) -> str:
-    """The contents of ``path``: its size and data extents (a sparse file's holes are zeros)."""
-    h = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        fd = f.fileno()
-        size = os.fstat(fd).st_size
-        h.update(str(size).encode())
-        pos = 0
-        while pos < size:
-            try:
-                start = os.lseek(fd, pos, os.SEEK_DATA)
-            except OSError:  # ENXIO: only a hole is left
-                break
-            end = os.lseek(fd, start, os.SEEK_HOLE)
-            os.lseek(fd, start, os.SEEK_SET)
-            h.update(str(start).encode())
-            left = end - start
-            while left > 0:
-                chunk = os.read(fd, min(left, 1 << 20))
-                if not chunk:
-                    break
-                h.update(chunk)
-                left -= len(chunk)
-            pos = end
-    return h.hexdigest()
-
-
 def tree(root: Path) -> dict[str, str]:
     """Every file and directory under ``root`` with a digest of its bytes (``lock.mdb`` left out)."""
     out: dict[str, str] = {}
@@ -197,7 +170,7 @@ def tree(root: Path) -> dict[str, str]:
                 fields = (Path(dirpath) / name).read_text().split()
                 out[os.path.join(rel, name)] = " ".join(fields[:1] + fields[2:])  # its size and inode
                 continue
-            out[os.path.join(rel, name)] = _file_digest(Path(dirpath) / name)
+            out[os.path.join(rel, name)] = content_digest(Path(dirpath) / name)
     return out
 
 
