@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvlog.errors import ReadOnlyError
+from kvlog.errors import ReadOnlyError, StorageBehindError
 from kvlog.format.commit import Commit
 from kvlog.log.leases import drop_expired
 from kvlog.log.naming import DATA_PREFIX, LOG_PREFIX, commit_name, parse_log_name
@@ -87,7 +87,7 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
     entries = [(parse_log_name(i.name), i) for i in storage.list(LOG_PREFIX)]
     # Named checkpoints keep their metadata checkpoint and commit. Applying every commit
     # listed first: a pin of a version older than a listed metadata checkpoint landed before it.
-    the_log.refresh()
+    _refresh_after(the_log, deleted)
     kept = the_log.snapshot(kept_log_names)
     # Checkpoints of this cache's history only: one past its version was written by a cache of
     # a history a restore of the head removed.
@@ -112,7 +112,24 @@ def collect_garbage(the_log: Log, now_ms: int | None = None) -> dict[str, int]:
             if due:
                 storage.delete(info.name)
                 deleted["commits"] += 1
+    if deleted["commits"]:
+        _refresh_after(the_log, deleted)
     return deleted
+
+
+def _refresh_after(the_log: Log, deleted: dict[str, int]) -> int:
+    """Refresh, after deleting what ``deleted`` counts: a root put back from an older copy
+    between the refresh that decided those deletions and the deletions themselves may have
+    lost objects the copy brought back (nothing makes a delete conditional on the head)."""
+    try:
+        return the_log.refresh()
+    except StorageBehindError as e:
+        if not any(deleted.values()):
+            raise
+        raise StorageBehindError(
+            e.name, f"{e.reason}; garbage collection was deleting replaced files, orphans or old commits while "
+            "the root was put back, and may have deleted objects of the copy: stop the writers "
+            "and put the copy back again") from e
 
 
 def _collect_orphans(the_log: Log, paths: list[str]) -> int:

@@ -135,11 +135,11 @@ def head_files_present(storage: Storage, head: Head) -> bool:
 def hole_text(uri: str, head_version: int) -> str:
     """What a commit missing below the head (and above every checkpoint) says happened, and
     what repairs it: no cache can be rebuilt over the hole, and nothing in kvlog deletes the
-    commits past it, so the head must come back from the same copy as the rest."""
+    commits past it, so the copy must come back whole, its head with it."""
     return (f"is missing from the storage root {uri}, below its head (version {head_version}): the "
-            f"history was put back from an older copy without its head, or damaged: put back "
-            f"{HEAD_NAME} from the copy the rest came from, then open with "
-            "on_storage_behind='rebuild'")
+            f"history was put back from an older copy without its head, put back while a writer's "
+            f"garbage collection was deleting, or damaged: stop the writers, put back the copy "
+            f"with its {HEAD_NAME}, then open with on_storage_behind='rebuild'")
 
 
 def _versions_text(versions: list[int]) -> str:

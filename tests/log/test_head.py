@@ -133,7 +133,7 @@ def test_a_root_restored_without_its_head_is_refused_until_the_head_comes_back(t
     (root / "log" / Path(checkpoint_name(5)).name).write_bytes(b"left behind")
     listing = sorted(p.name for p in (root / "log").iterdir())
 
-    hole = r"log/0+3\.json: is missing .* below its head \(version 5\).* put back log/head.json from the copy"
+    hole = r"log/0+3\.json: is missing .* below its head \(version 5\).* put back the copy with its log/head.json"
     for cache, options in (("cache", {}), ("fresh", {}), ("cache", {"on_storage_behind": "rebuild"}),
                            ("ro", {"read_only": True, "on_storage_behind": "rebuild"})):
         with pytest.raises(StorageBehindError, match=hole):

@@ -258,6 +258,58 @@ def test_gc_from_a_cache_ahead_of_a_restored_root_deletes_nothing(tmp_path: Path
         assert reader.check() == []
 
 
+class RestoreBeforeFirstDelete(LocalStorage):
+    """A local root put back from ``backup`` just before the first delete this handle makes:
+    a restore landing between garbage collection's refresh and its deletions."""
+
+    def __init__(self, root: Path, backup: Path) -> None:
+        super().__init__(root, fsync=False)
+        self.root_dir = root
+        self.backup: Path | None = backup
+        self.deleted: list[str] = []
+
+    def delete(self, name: str) -> None:
+        if self.backup is not None:
+            restore_root(self.root_dir, self.backup)
+            self.backup = None
+        self.deleted.append(name)
+        super().delete(name)
+
+
+def test_gc_deleting_while_the_root_is_put_back_says_so_and_the_copy_put_back_again_opens(
+        tmp_path: Path) -> None:
+    """Nothing makes a delete conditional on the head, so a restore between the refresh that
+    decided the deletions and the deletions loses objects of the copy. Garbage collection
+    reads the head again after deleting and raises, naming the repair; the copy put back again
+    (writers stopped) opens with every key."""
+    from kvlog.clock import ManualClock
+
+    root, backup = tmp_path / "root", tmp_path / "backup"
+    clock = ManualClock(time.time_ns() // 1_000_000)
+    store = kvlog.open(root, cache_dir=tmp_path / "cache", clock=clock, file_delete_delay_ms=1_000,
+                       commit_inline_bytes=0, **QUIET)
+    try:
+        for i in range(20):
+            store.put(f"k{i}".encode(), b"v", sync=True)
+        copy_root(root, backup)
+        store.compact(force=True)  # replaces every file live in the backup
+        clock.advance(10_000)
+    finally:
+        store.close()
+    storage = RestoreBeforeFirstDelete(root, backup)
+    store = kvlog.open(storage, cache_dir=tmp_path / "cache", clock=clock, **QUIET)
+    try:
+        with pytest.raises(StorageBehindError, match="deleting .* while the root was put back"):
+            store.gc()
+    finally:
+        store.close(flush=False)
+    assert storage.deleted and all(name.startswith("data/") for name in storage.deleted)
+    restore_root(root, backup)
+    with kvlog.open(root, cache_dir=tmp_path / "cache", on_storage_behind="rebuild", **QUIET) as reader:
+        assert [reader.get(f"k{i}".encode()) for i in range(20)] == [b"v"] * 20
+        assert reader.check() == []
+
+
 def test_a_stalled_writer_whose_version_commit_gc_freed_is_refused_and_writes_at_the_head(
         tmp_path: Path) -> None:
     """Another writer takes the stalled writer's version and more, checkpoints, and collects

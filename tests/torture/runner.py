@@ -267,6 +267,7 @@ def _final_checks(run: Run) -> None:
     world = run.world
     history = world.history
     keys = sorted(set(world.universe))
+    world.put_back_race_deleted()
     # The maintainer reopens without background compaction first: from here on nothing changes
     # the store, so every view below must read the very same state.
     quiet = run.maintainer.quiet()

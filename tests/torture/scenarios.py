@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from kvlog.errors import KvlogError
 from kvlog.format.commit import decode_commit
 from kvlog.log.head import HEAD_NAME
-from kvlog.log.naming import commit_name, parse_log_name
+from kvlog.log.naming import DATA_PREFIX, commit_name, parse_log_name
 from kvlog.storage.faulty import SimulatedCrash
 
 from .actors import ProcessWriter, Reader, ThreadWriter
@@ -474,6 +474,9 @@ class Restore(Action):
                 reader.resume()
 
     def _restore(self, run: Run) -> None:
+        # Data files newer than the copy stay, as the operations guide says: a compaction or a
+        # flush still running may commit one it wrote before the restore (a cache at the copy's
+        # head sees nothing behind it), and garbage collection condemns the others.
         taken, objects = run.snapshots[self.tag]
         raw = run.world.backend.raw()
         with run.world.gate.exclusive():
@@ -485,7 +488,7 @@ class Restore(Action):
             if self.keep_head:
                 objects = {name: data for name, data in objects.items() if name != HEAD_NAME}
                 for info in raw.list(""):
-                    if info.name not in objects and info.name != HEAD_NAME:
+                    if info.name not in objects and info.name != HEAD_NAME and not info.name.startswith(DATA_PREFIX):
                         raw.delete(info.name)
                         removed += 1
                 for name, data in objects.items():
@@ -498,13 +501,15 @@ class Restore(Action):
                 objects = {HEAD_NAME: b""}
             else:
                 for info in raw.list(""):
-                    if info.name not in objects:
+                    if info.name not in objects and not info.name.startswith(DATA_PREFIX):
                         raw.delete(info.name)
                         removed += 1
                 for name, data in objects.items():
                     raw.put(name, data)
             run.world.restored_file.touch()
             run.world.restore_count += 1
+            run.world.gate.restores += 1
+            run.world.restored_copy = dict(run.snapshots[self.tag][1])
         raw.close()
         what = "the head alone" if self.head_only else f"{removed} newer objects removed, {len(objects)}"
         run.world.log(f"restore {self.tag}: {what} put back{' (the head kept)' if self.keep_head else ''}")

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from kvlog.log.head import HEAD_NAME
 from kvlog.storage import Storage
 from kvlog.storage.faulty import FaultPlan, FaultyStorage, SimulatedCrash, fail
 
@@ -86,6 +87,11 @@ class StorageGate:
         self._cond = threading.Condition()
         self._shared = 0
         self._exclusive = False
+        #: How many restores of the root have happened (counted by whoever holds the gate alone).
+        self.restores = 0
+        #: Objects a thread deleted after a restore it had not read the head since: deletions
+        #: decided from the history before the restore (see :meth:`TortureStorage._run`).
+        self.race_deleted: set[str] = set()
 
     @contextmanager
     def shared(self) -> Iterator[None]:
@@ -196,6 +202,8 @@ class TortureStorage(FaultyStorage):
         self.death: str | None = None
         self.hooks: list[Hook] = []
         self._hook_lock = threading.Lock()
+        #: Per thread, the restore count at its last read or swap of the head.
+        self._head_seen: dict[int, int] = {}
         self._slow_calls = 0
         self._slow_commits_done = 0
         #: While True, calls go straight through (no faults, slowness or hooks; still gated).
@@ -204,6 +212,19 @@ class TortureStorage(FaultyStorage):
     def _rebuild(self) -> None:
         super()._rebuild()
         self._hook_lock = threading.Lock()
+
+    def _watched(self, op: str, name: str, action: Callable[[], T], gate: StorageGate) -> T:
+        """Run the call, noting a thread's reads of the head and its deletions after a restore
+        it has not read the head since: nothing makes a delete conditional on the head, so
+        garbage collection that decided before a restore may delete objects of the copy (it
+        says so when it reads the head again, and the operator puts them back)."""
+        thread = threading.get_ident()
+        if op == "delete" and self._head_seen.get(thread, gate.restores) < gate.restores:
+            gate.race_deleted.add(name)
+        result = super()._run(op, name, action)
+        if name == HEAD_NAME and op in ("read", "read_versioned", "swap"):
+            self._head_seen[thread] = gate.restores
+        return result
 
     # -- control --------------------------------------------------------------------------------
     def add_hook(self, hook: Hook) -> None:
@@ -261,7 +282,7 @@ class TortureStorage(FaultyStorage):
             if self.gate is None:
                 return super()._run(op, name, action)
             with self.gate.shared():
-                return super()._run(op, name, action)
+                return self._watched(op, name, action, self.gate)
         except SimulatedCrash as e:
             if not self.dead:
                 self.dead = True

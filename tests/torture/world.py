@@ -119,6 +119,8 @@ class World:
         self._log_file = open(workdir / "run.log", "a", buffering=1)  # noqa: SIM115
         self._names = 0
         self.restore_count = 0
+        #: The objects the last restore put back (name to bytes).
+        self.restored_copy: dict[str, bytes] = {}
         #: Made by the first restore, for writer processes: from then on a cache may hold commits
         #: the restore took away, and reopening it accepts their loss.
         self.restored_file = workdir / "restored"
@@ -178,6 +180,7 @@ class World:
     def open(self, label: str, cache: Path, spec: FaultSpec, *, read_only: bool = False,
              producer_id: int | None = None, **overrides: Any) -> tuple[kvlog.Store, TortureStorage]:
         """Open the store in this process (the shared clock, the run's settings plus ``overrides``)."""
+        self.put_back_race_deleted()
         storage = self.storage(label, spec)
         settings = {"on_storage_behind": self.on_storage_behind(), **self.settings, **overrides, **self.forced}
         try:
@@ -187,6 +190,26 @@ class World:
             storage.close()
             raise
         return store, storage
+
+    def put_back_race_deleted(self) -> None:
+        """The operator's repair after garbage collection raised that it was deleting while the
+        root was put back: the objects of the copy deleted by a thread that had not read the
+        head since the restore go back (only those; any other missing object stays a finding)."""
+        gate = self.gate
+        if not gate.race_deleted:
+            return
+        raw = self.backend.raw()
+        try:
+            with gate.exclusive():
+                names = sorted(n for n in gate.race_deleted if n in self.restored_copy and not raw.exists(n))
+                for name in names:
+                    raw.put(name, self.restored_copy[name])
+                gate.race_deleted.clear()
+        finally:
+            raw.close()
+        if names:
+            self.log(f"put back {len(names)} object(s) of the copy deleted by garbage collection "
+                     f"decided before the restore: {', '.join(names[:4])}{' …' if len(names) > 4 else ''}")
 
     def on_storage_behind(self) -> str:
         """What an open does with a cache of commits storage lost: a deliberate restore of the
