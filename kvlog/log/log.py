@@ -58,6 +58,10 @@ __all__ = ["Log"]
 
 log = logging.getLogger("kvlog.log")
 
+#: How many times an open's key index rebuild starts again at a newer head when a data file
+#: was deleted under it (see :meth:`Log.rebuild_index`).
+_REBUILD_ATTEMPTS = 4
+
 #: How many times :meth:`Log.snapshot` applies its function when map resizes keep ending it.
 _SNAPSHOT_ATTEMPTS = 8
 
@@ -427,7 +431,28 @@ class Log:
         checkpoints.load_checkpoint(self, version)
 
     def rebuild_index(self) -> None:
-        """Rebuild the key index by reading every live batch in offset order."""
+        """Rebuild the key index by reading every live batch in offset order.
+
+        A data file missing meanwhile may be no loss: another process replaced it after the
+        version read here and its GC deleted it once the delay passed (an open that rebuilds
+        for longer than ``file_delete_delay_ms``). The newer commits are then applied and the
+        rebuild starts again at the new head, a few times at most; a file missing while the
+        head stands still is a real loss, and raises.
+        """
+        for attempt in range(_REBUILD_ATTEMPTS):
+            try:
+                self._rebuild_index_once()
+                break
+            except DataFileMissing:
+                if self.frozen_at is not None or attempt == _REBUILD_ATTEMPTS - 1:
+                    raise
+                with self.apply_lock:
+                    before = self.version
+                    if self._committer.apply_landed() == before:
+                        raise
+        self._committer.index_stale = False  # whatever was applied meanwhile is indexed now
+
+    def _rebuild_index_once(self) -> None:
         def every_batch(r: MetaReader) -> list[LiveBatch]:
             return [b for p in range(self.partitions) for b in r.iter_batches(p, 0)]
 

@@ -197,3 +197,41 @@ def test_commit_gc_cut_short_leaves_a_store_every_cache_goes_on_from(tmp_path: P
     finally:
         for s in stale:
             s.close()
+
+
+class CompactedUnderTheFirstDataRead(LocalStorage):
+    """A real local storage that runs ``hook`` once, just before its first read of a data file."""
+
+    hook: Callable[[], None] | None = None
+
+    def read_range(self, name: str, start: int, length: int) -> bytes:
+        hook, self.hook = (self.hook, None) if name.startswith("data/") else (None, self.hook)
+        if hook is not None:
+            hook()
+        return super().read_range(name, start, length)
+
+
+def test_an_open_whose_rebuild_outlasts_the_delete_delay_starts_again_at_the_new_head(tmp_path: Path) -> None:
+    """A fresh cache rebuilds its key index from the files live at the version it caught up to.
+    Another process compacts them all and its GC deletes them (their delay past) while the
+    rebuild reads the first one: the open applies the newer commits and rebuilds there."""
+    root = tmp_path / "root"
+    clock = ManualClock(time.time_ns() // 1_000_000)
+    settings = dict(QUIET, clock=clock, file_delete_delay_ms=1_000, commit_inline_bytes=0)
+    with kvlog.open(root, cache_dir=tmp_path / "writer", **settings) as writer:
+        for i in range(30):
+            writer.put(f"k{i}".encode(), f"v{i}".encode(), sync=True)
+        collected: list[dict[str, int]] = []
+
+        def compact_and_collect() -> None:
+            writer.compact(force=True)
+            clock.advance(10_000)
+            collected.append(writer.gc())
+
+        storage = CompactedUnderTheFirstDataRead(root, fsync=False)
+        storage.hook = compact_and_collect
+        with kvlog.open(storage, cache_dir=tmp_path / "fresh", **settings) as opener:
+            assert collected[0]["replaced"] == 30  # the file being read among them
+            assert opener.log.version == writer.log.version
+            assert dict(opener.scan()) == {f"k{i}".encode(): f"v{i}".encode() for i in range(30)}
+            assert opener.check() == []
