@@ -17,6 +17,7 @@ import pytest
 from root_surgery import QUIET, copy_root, restore_root, write_past_a_backup
 
 import kvlog
+from kvlog.clock import ManualClock
 from kvlog.errors import CorruptDataError, StorageBehindError
 from kvlog.log.naming import commit_name
 from kvlog.storage import LocalStorage, SwapConflict
@@ -228,23 +229,24 @@ def test_a_damaged_checkpoint_over_commits_gc_collected_is_refused_not_rebuilt_b
         assert store.get(b"a") == b"inline" and store.get(b"k5") == b"v"
 
 
+def _compacted_after_a_backup(root: Path, backup: Path, cache: Path, clock: ManualClock) -> kvlog.Store:
+    """A store of 20 keys in data files of their own (the tests restore and count them), its
+    root copied to ``backup``, then compacted: every file live in the backup is replaced."""
+    store = kvlog.open(root, cache_dir=cache, clock=clock, file_delete_delay_ms=1_000,
+                       commit_inline_bytes=0, **QUIET)
+    for i in range(20):
+        store.put(f"k{i}".encode(), b"v", sync=True)
+    copy_root(root, backup)
+    store.compact(force=True)
+    return store
+
+
 def test_gc_from_a_cache_ahead_of_a_restored_root_deletes_nothing(tmp_path: Path) -> None:
     """The cache knows files that a compaction replaced after the backup: once the root is
     restored they are live again, and GC from that cache must not delete them."""
-    import time
-
-    from kvlog.clock import ManualClock
-
-    root = tmp_path / "root"
-    clock = ManualClock(time.time_ns() // 1_000_000)
-    # data files of their own: the test restores and counts them
-    store = kvlog.open(root, cache_dir=tmp_path / "cache", clock=clock, file_delete_delay_ms=1_000,
-                       commit_inline_bytes=0, **QUIET)
+    root, clock = tmp_path / "root", ManualClock(time.time_ns() // 1_000_000)
+    store = _compacted_after_a_backup(root, tmp_path / "backup", tmp_path / "cache", clock)
     try:
-        for i in range(20):
-            store.put(f"k{i}".encode(), b"v", sync=True)
-        copy_root(root, tmp_path / "backup")
-        store.compact(force=True)  # replaces every file live in the backup
         restore_root(root, tmp_path / "backup")
         clock.advance(10_000)
         before = sorted(p.name for p in (root / "data").rglob("*.arrow"))
@@ -282,20 +284,10 @@ def test_gc_deleting_while_the_root_is_put_back_says_so_and_the_copy_put_back_ag
     decided the deletions and the deletions loses objects of the copy. Garbage collection
     reads the head again after deleting and raises, naming the repair; the copy put back again
     (writers stopped) opens with every key."""
-    from kvlog.clock import ManualClock
-
     root, backup = tmp_path / "root", tmp_path / "backup"
     clock = ManualClock(time.time_ns() // 1_000_000)
-    store = kvlog.open(root, cache_dir=tmp_path / "cache", clock=clock, file_delete_delay_ms=1_000,
-                       commit_inline_bytes=0, **QUIET)
-    try:
-        for i in range(20):
-            store.put(f"k{i}".encode(), b"v", sync=True)
-        copy_root(root, backup)
-        store.compact(force=True)  # replaces every file live in the backup
-        clock.advance(10_000)
-    finally:
-        store.close()
+    _compacted_after_a_backup(root, backup, tmp_path / "cache", clock).close()
+    clock.advance(10_000)
     storage = RestoreBeforeFirstDelete(root, backup)
     store = kvlog.open(storage, cache_dir=tmp_path / "cache", clock=clock, **QUIET)
     try:
