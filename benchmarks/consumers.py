@@ -115,10 +115,11 @@ def bench_consumer_latency(ctx: Context) -> dict[str, Any]:
         f"A writer process puts {count} keys with sync=True, one every {LATENCY_INTERVAL_MS} ms, "
         f"into a local store; this process polls a read-only handle's consumer (timeout 30 s) and "
         f"stamps each record with the wall time its poll returned. Latency = that time - the wall "
-        f"time just before the writer's put call (one machine, one clock). follow_interval_ms = "
-        f"{follow_ms} (the default): another process's commit is found by following the commit log "
-        f"that often. Anchor: the sync=True put's own latency in the writer (a floor: the commit "
-        f"must land before any reader sees it)."
+        f"time just before the writer's put call (one machine, one clock). The waiting poll is "
+        f"woken by the kernel when the writer's commit renames the head (inotify); "
+        f"follow_interval_ms = {follow_ms} (the default) is the backstop look. Anchor: the "
+        f"sync=True put's own latency in the writer (a floor: the commit must land before any "
+        f"reader sees it)."
     )
     return make_entry(
         "consumer.latency", "consumer", "put(sync=True) in another process -> poll returns it",

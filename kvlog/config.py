@@ -109,7 +109,8 @@ class StoreConfig:
     commit_retries: int = 50
     """How many times a commit is retried at a later version when other writers take it first."""
     follow_interval_ms: int = 100
-    """How often a waiter (a consumer's ``poll``) looks for other processes' commits."""
+    """How often a waiter (a consumer's ``poll``) looks for other processes' commits (on a
+    local root the kernel wakes it when the head is renamed; this is then a backstop)."""
 
     def __post_init__(self) -> None:
         def need(cond: bool, name: str, what: str) -> None:

@@ -1,10 +1,13 @@
 """Waiting for commits: block until a commit newer than a version is applied to this cache.
 
 A commit this process writes wakes waiters at once: the committer notifies :class:`CommitSignal`
-after every commit it applies. Commits of other processes are found by following the commit
-log: every ``follow_interval_ms`` the waiter reads the head (``log/head.json``) and applies
-what landed (:meth:`kvlog.log.log.Log.refresh`). Nothing busy-waits: between looks the
-waiter sleeps on the signal's condition.
+after every commit it applies. On a local root, so does every other process's commit: the
+head (``log/head.json``) moves by a rename, which the kernel reports to a waiter watching it
+(:mod:`kvlog.storage.watch`); the waiter then applies what landed
+(:meth:`kvlog.log.log.Log.refresh`). Where storage cannot tell (S3, or no inotify), and on a
+local root too as a backstop, the waiter reads the head every ``follow_interval_ms``.
+Nothing busy-waits: between looks the waiter sleeps on the signal's condition, or on the
+watch (which this process's own commits, being renames too, wake as well).
 
 The deadline is read from the injected clock. A clock that does not move by itself (a test's
 :class:`~kvlog.clock.ManualClock`) still ends the wait: the slept slices are counted too, and
@@ -19,6 +22,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from kvlog.errors import InvalidRecordError
+from kvlog.log.head import HEAD_NAME
 
 if TYPE_CHECKING:
     from kvlog.log.log import Log
@@ -74,16 +78,23 @@ def wait_for_commit(the_log: Log, signal: CommitSignal, after_version: int, time
     deadline = monotonic_s() + timeout
     interval = the_log.config.follow_interval_ms / 1000.0
     slept = 0.0
-    while True:
-        seen = signal.applied
-        version = the_log.version
-        if version <= after_version:
-            version = the_log.refresh()  # commits of other processes that landed meanwhile
-        if version > after_version:
-            return version
-        remaining = min(deadline - monotonic_s(), timeout - slept)
-        if remaining <= 0:
-            return version
-        pause = min(interval, remaining)
-        if not signal.wait(seen, pause):
-            slept += pause  # a commit that woke it early (short of the version) slept less
+    # Watching from before the first look: a swap between that look and the sleep wakes it.
+    watch = the_log.storage.watch_swaps(HEAD_NAME) if timeout > 0 else None
+    try:
+        while True:
+            seen = signal.applied
+            version = the_log.version
+            if version <= after_version:
+                version = the_log.refresh()  # commits of other processes that landed meanwhile
+            if version > after_version:
+                return version
+            remaining = min(deadline - monotonic_s(), timeout - slept)
+            if remaining <= 0:
+                return version
+            pause = min(interval, remaining)
+            woke = watch.wait(pause) if watch is not None else signal.wait(seen, pause)
+            if not woke:
+                slept += pause  # a commit that woke it early (short of the version) slept less
+    finally:
+        if watch is not None:
+            watch.close()

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from kvlog.errors import StorageError
+from kvlog.storage.watch import RenameWatch
 
 __all__ = ["ObjectInfo", "ForwardStream", "Storage", "SwapConflict", "check_name", "BytesLike"]
 
@@ -164,6 +165,11 @@ class Storage(ABC):
         its copy (the caller writes it again). The copy replaces whatever had that name.
         A ``StorageError`` says neither whether the swap happened nor whether the copy did.
         """
+
+    def watch_swaps(self, name: str) -> RenameWatch | None:
+        """A watch that wakes when ``name`` is swapped (see :mod:`kvlog.storage.watch`), or
+        None: this backend does not tell, and a waiter looks for changes itself."""
+        return None
 
     @abstractmethod
     def stat(self, name: str) -> ObjectInfo:

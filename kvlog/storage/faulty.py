@@ -48,6 +48,7 @@ from typing import Literal, TypeVar
 
 from kvlog.errors import StorageError
 from kvlog.storage.base import BytesLike, ForwardStream, ObjectInfo, Storage
+from kvlog.storage.watch import RenameWatch
 
 __all__ = [
     "SimulatedCrash",
@@ -392,6 +393,9 @@ class FaultyStorage(Storage):
 
     def read(self, name: str) -> bytes:
         return self._forward("read", name, lambda: self.inner.read(name))
+
+    def watch_swaps(self, name: str) -> RenameWatch | None:
+        return self.inner.watch_swaps(name)  # no request, so no fault: a missed wake is a look later
 
     def read_range(self, name: str, start: int, length: int) -> bytes:
         return self._forward("read_range", name, lambda: self.inner.read_range(name, start, length))

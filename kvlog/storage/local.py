@@ -27,6 +27,7 @@ import xxhash
 
 from kvlog.errors import StorageError
 from kvlog.storage.base import BytesLike, ObjectInfo, Storage, SwapConflict, check_name
+from kvlog.storage.watch import RenameWatch, watch_renames
 
 __all__ = ["LocalStorage", "LocalStream", "is_temporary"]
 
@@ -247,6 +248,11 @@ class LocalStorage(Storage):
         except OSError as e:
             raise StorageError(f"cannot swap {name}: {e}") from e
         return _token(data)
+
+    def watch_swaps(self, name: str) -> RenameWatch | None:
+        """A swap renames a new file over the name: the kernel reports it (inotify)."""
+        final = self._path(name)
+        return watch_renames(final) if final.parent.is_dir() else None
 
     def _link_over(self, source: Path, target: Path) -> None:
         """Make ``target`` a second name of ``source`` (replacing what it named)."""

@@ -1,8 +1,12 @@
-"""Log.wait_for_commit: woken at once by this process's commits, by following the commit log
-for other processes' commits, and ending at its timeout."""
+"""Log.wait_for_commit: woken at once by this process's commits and, on a local root, by other
+processes' commits; by following the commit log where storage cannot tell; ending at its
+timeout."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -98,3 +102,28 @@ def test_commits_short_of_the_version_waited_for_do_not_shorten_the_wait(tmp_pat
     waiter.join(timeout=60)
     assert not waiter.is_alive()
     assert got == [before + 4]
+
+
+_PUT_IN_ANOTHER_PROCESS = """
+import sys, kvlog
+with kvlog.open(sys.argv[1], cache_dir=sys.argv[2]) as store:
+    store.put(b"from-another-process", b"v", sync=True)
+"""
+
+
+def test_a_commit_of_another_process_wakes_a_waiter_on_a_local_root(tmp_path: Path, make_log: MakeLog) -> None:
+    """On a local root the kernel reports the head's rename (inotify): a follow interval of ten
+    minutes and a wait of five, yet another process's commit ends the wait."""
+    root = tmp_path / "root"
+    reader = make_log(root, tmp_path / "cache-r", log_clock=SystemClock(), follow_interval_ms=600_000)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    put = [sys.executable, "-c", _PUT_IN_ANOTHER_PROCESS, str(root), str(tmp_path / "cache-w")]
+    subprocess.run(put, env=env, check=True, timeout=120)  # the first commit makes log/
+    before = reader.refresh()
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(reader.wait_for_commit(before, 300.0)))
+    waiter.start()
+    subprocess.run(put, env=env, check=True, timeout=120)
+    waiter.join(timeout=60)
+    assert not waiter.is_alive()
+    assert got and got[0] > before

@@ -1,0 +1,60 @@
+"""A local root's watch on the head: woken by a swap of the watched name, by nothing else.
+
+Renames onto other names in the directory (a ``put`` of a checkpoint) are drained and end a
+wait early without counting; a closed watch refuses to wait; a directory that does not exist
+gives no watch (the caller then looks for changes itself), as does an object store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvlog.storage import LocalStorage
+from kvlog.storage.faulty import FaultyStorage
+
+HEAD = "log/head.json"
+
+
+def test_a_swap_of_the_watched_name_wakes_the_watch(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path, fsync=False)
+    storage.put("log/other.json", b"x")  # the directory exists
+    watch = storage.watch_swaps(HEAD)
+    assert watch is not None
+    with watch:
+        assert watch.wait(0) is False
+        token = storage.swap(HEAD, b"one", None, copy_to="log/1.json")
+        assert watch.wait(30) is True
+        assert watch.wait(0) is False  # drained
+        storage.swap(HEAD, b"two", token)
+        assert watch.wait(30) is True
+
+
+def test_renames_onto_other_names_end_a_wait_without_counting(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path, fsync=False)
+    storage.put("log/other.json", b"x")
+    with storage.watch_swaps(HEAD) as watch:  # type: ignore[union-attr]
+        storage.put("log/7.checkpoint.json", b"checkpoint")
+        assert watch.wait(30) is False
+        assert watch.wait(0) is False
+
+
+def test_a_closed_watch_refuses_to_wait(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path, fsync=False)
+    storage.put("log/other.json", b"x")
+    watch = storage.watch_swaps(HEAD)
+    assert watch is not None
+    watch.close()
+    watch.close()
+    with pytest.raises(ValueError):
+        watch.wait(0)
+
+
+def test_no_directory_no_watch_and_a_faulty_wrapper_forwards(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path, fsync=False)
+    assert storage.watch_swaps(HEAD) is None  # log/ does not exist yet
+    storage.put("log/other.json", b"x")
+    watch = FaultyStorage(storage).watch_swaps(HEAD)
+    assert watch is not None
+    watch.close()
