@@ -208,6 +208,14 @@ class AsyncStore:
         """``key in store``: False for a key that cannot be stored, as in a dict."""
         return await self._call(self._store.__contains__, key)
 
+    async def end_offsets(self) -> dict[int, int]:
+        """:meth:`kvlog.Store.end_offsets`: every partition's next offset, after reading the head."""
+        return await self._call(self._store.end_offsets)
+
+    async def begin_offsets(self) -> dict[int, int]:
+        """:meth:`kvlog.Store.begin_offsets`: every partition's lowest offset still in the log."""
+        return await self._call(self._store.begin_offsets)
+
     def scan(
         self, start: bytes | str | None = None, stop: bytes | str | None = None, *,
         prefix: bytes | str | None = None, reverse: bool = False,

@@ -19,7 +19,7 @@ process compacted and collected the files its cache lists reads on from its posi
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 
 from kvlog.errors import InvalidRecordError, StoreClosedError
@@ -66,6 +66,21 @@ class Consumer:
             raise InvalidRecordError(f"partition {partition!r} is not one of this consumer's "
                                      f"{list(self.partitions)}")
         return partition
+
+    def _chosen(self, partitions: Iterable[int] | None) -> list[int]:
+        """``partitions`` (None: all of this consumer's), each checked to be one of them."""
+        if partitions is None:
+            return list(self.partitions)
+        if isinstance(partitions, str | bytes) or not isinstance(partitions, Iterable):
+            raise InvalidRecordError(f"partitions must be an iterable of ints, not {partitions!r}")
+        return [self._assigned(p) for p in partitions]
+
+    def _checked(self, offsets: object) -> dict[int, int]:
+        """``offsets`` as a dict of this consumer's partitions to valid offsets, or
+        :class:`InvalidRecordError` naming the first bad one."""
+        if not isinstance(offsets, Mapping):
+            raise InvalidRecordError(f"offsets must be a mapping of partitions to offsets, not {offsets!r}")
+        return {self._assigned(p): check_offset(o) for p, o in offsets.items()}
 
     def _fetch(self, max_records: int) -> list[Record]:
         out: list[Record] = []
@@ -136,26 +151,55 @@ class Consumer:
             p = self._assigned(partition)
             self._positions[p] = check_offset(offset)
 
+    def seek_all(self, offsets: Mapping[int, int]) -> None:
+        """Read each partition of ``offsets`` from its offset (``snap.end_offsets()`` tails a
+        snapshot's state exactly); the other partitions keep their positions. Every partition
+        and offset is checked before any position moves."""
+        with self._lock:
+            self._check_open()
+            self._positions.update(self._checked(offsets))
+
     def seek_to_beginning(self, partitions: Iterable[int] | None = None) -> None:
         """Read ``partitions`` (all of this consumer's by default) from their start offsets."""
         with self._lock:
             self._check_open()
-            if partitions is None:
-                chosen = list(self.partitions)
-            else:
-                if isinstance(partitions, str | bytes) or not isinstance(partitions, Iterable):
-                    raise InvalidRecordError(f"partitions must be an iterable of ints, not {partitions!r}")
-                chosen = [self._assigned(p) for p in partitions]
-            starts = {p: self._log.start_offset(p) for p in chosen}
-            self._positions.update(starts)
+            chosen = self._chosen(partitions)
+            begins = self._log.begin_offsets()
+            self._positions.update({p: begins[p] for p in chosen})
 
-    # -- committed offsets ------------------------------------------------------------------------
-    def commit(self) -> None:
-        """Store every position as the group's committed offset, durably, in the store (one
-        commit). On a read-only store: :class:`~kvlog.errors.ReadOnlyError`."""
+    def seek_to_end(self, partitions: Iterable[int] | None = None) -> None:
+        """Read ``partitions`` (all of this consumer's by default) from their end offsets, after
+        reading the head: only records written from now on are read."""
         with self._lock:
             self._check_open()
-            commit_offsets(self._log, self.group, dict(self._positions))
+            chosen = self._chosen(partitions)
+            self._log.refresh()
+            ends = self._log.end_offsets()
+            self._positions.update({p: ends[p] for p in chosen})
+
+    def lag(self) -> dict[int, int]:
+        """Per partition of this consumer, how many offsets lie between its position and the
+        end offset (after reading the head): 0 when it has read everything durable. Offsets
+        compaction removed count too (Kafka's lag is the same difference)."""
+        with self._lock:
+            self._check_open()
+            self._log.refresh()
+            ends, begins = self._log.end_offsets(), self._log.begin_offsets()
+            return {p: max(0, ends[p] - max(self._positions[p], begins[p])) for p in self.partitions}
+
+    def caught_up(self) -> bool:
+        """Whether every partition's position is at its end offset (after reading the head)."""
+        return not any(self.lag().values())
+
+    # -- committed offsets ------------------------------------------------------------------------
+    def commit(self, offsets: Mapping[int, int] | None = None) -> None:
+        """Store ``offsets`` (None: every position) as the group's committed offsets, durably,
+        in the store (one commit); partitions not given keep theirs. Every partition and offset
+        is checked first. On a read-only store: :class:`~kvlog.errors.ReadOnlyError`."""
+        with self._lock:
+            self._check_open()
+            chosen = dict(self._positions) if offsets is None else self._checked(offsets)
+            commit_offsets(self._log, self.group, chosen)
 
     def committed(self, partition: int) -> int | None:
         """The group's committed offset of ``partition`` as this process's cache knows it

@@ -212,6 +212,16 @@ class Snapshot:
             raise StoreClosedError("the snapshot is closed")
         return self._view
 
+    def end_offsets(self) -> dict[int, int]:
+        """Every partition's next offset at the snapshot's commit: the offsets its state is
+        exactly as of. Read the state from the snapshot, then tail from these offsets
+        (``consumer.seek_all(snap.end_offsets())``) and nothing is missed or read twice. Writes
+        of this process buffered when the snapshot was taken are in its state without an
+        offset yet: the tail brings them again, in their place (take the snapshot after a
+        ``flush()``, or from another handle, for a state that is exactly the offsets')."""
+        view = self._check()
+        return {p: view.reader.partition_end(p) for p in range(self._log.partitions)}
+
     def get(self, key: bytes | str, default: Any = None) -> Any:
         """The value of ``key`` in the snapshot, or ``default``."""
         view = self._check()

@@ -330,6 +330,21 @@ class Store(StoreMapping):
 
         return self._while_open(every())
 
+    def end_offsets(self) -> dict[int, int]:
+        """Every partition's next offset (Kafka's high watermark): what a consumer at these
+        positions has read everything durable. Reads the head first (one look at storage), so
+        other processes' commits count; this process's buffered writes do not (no offset yet)."""
+        self._check_open()
+        self.log.refresh()
+        return self.log.end_offsets()
+
+    def begin_offsets(self) -> dict[int, int]:
+        """Every partition's lowest offset still in the log (compaction and retention remove
+        records below it); its end offset when it holds nothing. Reads the head first."""
+        self._check_open()
+        self.log.refresh()
+        return self.log.begin_offsets()
+
     # -- dict protocol (the rest of it: kvlog.views.StoreMapping) ------------------------------
     def __getitem__(self, key: bytes | str) -> bytes:
         value = self.get(key, _MISSING)

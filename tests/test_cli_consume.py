@@ -83,6 +83,10 @@ def test_json_and_hex_output_say_which_value_is_a_tombstone(
 @pytest.mark.parametrize("args, code, expected", [
     (("--max-records", "0"), 2, "--max-records must be positive"),
     (("--partition", "7"), 2, "--partition 7 is not in [0, 2)"),
+    (("--from", "newest"), 2, "'newest' is not earliest, latest or an offset"),
+    (("--from", "-1"), 2, "is not earliest, latest or an offset"),
+    (("--from", str(2**63)), 2, "is not earliest, latest or an offset"),
+    (("--from", "１"), 2, "is not earliest, latest or an offset"),
 ])
 def test_bad_arguments_are_one_line_and_commit_nothing(
         capsysbinary: pytest.CaptureFixture[bytes], store_path: str,
@@ -91,6 +95,29 @@ def test_bad_arguments_are_one_line_and_commit_nothing(
     assert (got, out) == (code, b"") and expected in err and len(err.splitlines()) == 1, err
     with kvlog.open(store_path, read_only=True) as store, store.consumer("g") as consumer:
         assert all(consumer.committed(p) is None for p in range(2))
+
+
+def test_from_starts_every_partition_where_it_says_instead_of_the_committed_offsets(
+        capsysbinary: pytest.CaptureFixture[bytes], tmp_path: Path) -> None:
+    path = str(tmp_path / "store")
+    with kvlog.open(path, **QUIET) as store:
+        for i in range(10):
+            store.put(f"k{i}".encode(), b"v")
+        store.flush()
+        records = list(store.changes())
+
+    def printed(*args: str) -> list[tuple[int, int]]:
+        code, out, err = call(capsysbinary, "consume", path, *args)
+        assert code == 0, err
+        return [(int(r[0]), int(r[1])) for r in (line.split(b"\t") for line in out.splitlines())]
+
+    everything = [(r.partition, r.offset) for r in records]
+    assert printed("g", "--from", "latest") == []
+    assert printed("g", "--from", "3") == [po for po in everything if po[1] >= 3]
+    assert printed("g") == []  # what --from 3 printed was committed, and the rest is below it
+    assert printed("g", "--from", "earliest") == everything
+    assert printed("other", "--from", "latest", "--no-commit") == []
+    assert printed("other") == everything  # --no-commit with --from committed nothing
 
 
 def test_a_missing_store_is_one_line(capsysbinary: pytest.CaptureFixture[bytes], tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ are written and flushed before its offsets are committed, so every committed rec
 of the process whatever stops it (at least once: a poll a SIGKILL catches between its flush
 and its commit prints again). SIGTERM and SIGINT stop it between polls, with what it printed
 committed (exit 143 and 130); a closed output pipe stops it without committing the poll it
-could not write (exit 141).
+could not write (exit 141). ``--from earliest|latest|OFFSET`` starts every partition there
+instead of at the group's committed offsets (kcat's ``-o``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from kvlog.errors import StoreNotFoundError
 from kvlog.log import open_log
 from kvlog.log.group_offsets import check_group
 from kvlog.log.records import Record
+from kvlog.meta.group_offsets import OFFSET_LIMIT
 
 __all__ = ["register", "format_record"]
 
@@ -133,6 +135,12 @@ def _cmd_consume(args: argparse.Namespace) -> int:
                            storage_options=args.storage_options, config=config)
         try:
             with Consumer(the_log, args.group, partitions) as consumer:
+                if args.start == "earliest":
+                    consumer.seek_to_beginning()
+                elif args.start == "latest":
+                    consumer.seek_to_end()
+                elif isinstance(args.start, int):
+                    consumer.seek_all(dict.fromkeys(consumer.partitions, args.start))
                 while stop.signum is None:
                     records = consumer.poll(timeout_s=_FOLLOW_POLL_S if args.follow else 0.0,
                                             max_records=args.max_records)
@@ -152,6 +160,15 @@ def _cmd_consume(args: argparse.Namespace) -> int:
     return 128 + stop.signum
 
 
+def _start(value: str) -> str | int:
+    """``--from``: ``earliest``, ``latest`` or an offset (an integer in [0, 2**63))."""
+    if value in ("earliest", "latest"):
+        return value
+    if value.isascii() and value.isdigit() and int(value) < OFFSET_LIMIT:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"{value!r} is not earliest, latest or an offset in [0, 2**63)")
+
+
 def register(sub: Subparsers) -> None:
     """Add ``consume`` to the command line."""
     p = sub.add_parser("consume", help="print a consumer group's records past its committed offsets, "
@@ -164,6 +181,9 @@ def register(sub: Subparsers) -> None:
                    help="only this partition (repeatable; default: every partition)")
     p.add_argument("--max-records", type=int, default=500, metavar="N",
                    help="records per poll, committed together (default 500)")
+    p.add_argument("--from", dest="start", type=_start, default=None, metavar="WHERE",
+                   help="start every partition read at earliest (its first offset), latest (its end: "
+                        "only new records) or OFFSET, instead of the group's committed offsets")
     p.add_argument("--no-commit", action="store_true",
                    help="print without committing offsets (opens the store read-only)")
     p.add_argument("--hex", action="store_true", help="print keys and values as hex")

@@ -195,6 +195,22 @@ class Log:
         self.check_partition(partition)
         return int(self.snapshot(lambda r: r.partition_end(partition)))
 
+    def end_offsets(self) -> dict[int, int]:
+        """Every partition's next offset, all from one snapshot of the applied version."""
+        return dict(self.snapshot(lambda r: {p: r.partition_end(p) for p in range(self.partitions)}))
+
+    def begin_offsets(self) -> dict[int, int]:
+        """Every partition's lowest offset still in the log (its end when it holds nothing),
+        all from one snapshot of the applied version."""
+        def begins(r: MetaReader) -> dict[int, int]:
+            out = {}
+            for p in range(self.partitions):
+                first = next(r.iter_batches(p, 0), None)
+                out[p] = first.base if first is not None else r.partition_end(p)
+            return out
+
+        return dict(self.snapshot(begins))
+
     # -- reading ----------------------------------------------------------------------------------
     def read(self, partition: int, from_offset: int = 0, to_offset: int | None = None) -> Iterator[Record]:
         """Records of ``partition`` in offset order from ``from_offset`` (to ``to_offset``), skipping holes."""

@@ -339,8 +339,13 @@ def _consumer(method: str) -> Callable[[Any, Draw], Callable[[], Any]]:
             margs = (draw(PARTS),)
         elif method == "seek":
             margs = (draw(PARTS), draw(OFFSETS))
-        elif method == "seek_to_beginning":
+        elif method in ("seek_to_beginning", "seek_to_end"):
             margs = (draw(st.one_of(st.none(), odd(), st.lists(PARTS, max_size=3))),)
+        elif method in ("seek_all", "commit"):
+            offsets = st.one_of(odd(), st.dictionaries(st.one_of(PARTS, odd()).filter(lambda k: k.__hash__ is not None),
+                                                       st.one_of(OFFSETS, odd()),
+                                                       max_size=3))
+            margs = (draw(st.one_of(st.none(), offsets) if method == "commit" else offsets),)
 
         def call() -> Any:
             with store.consumer(group, parts) as consumer:
@@ -357,6 +362,8 @@ def _snapshot(method: str) -> Callable[[Any, Draw], Callable[[], Any]]:
             mkw: dict[str, Any] = {}
         elif method == "get_many":
             margs, mkw = (draw(st.one_of(odd(), st.lists(KEYS, max_size=4))),), {}
+        elif method == "end_offsets":
+            margs, mkw = (), {}
         else:
             margs = tuple(draw(st.lists(st.one_of(st.none(), KEYS), max_size=2)))
             mkw = kw(draw, prefix=st.one_of(st.none(), KEYS), reverse=BOOLS)
@@ -476,6 +483,13 @@ STORE_TARGETS: list[Target] = [
     Target("consumer.seek_to_beginning", _consumer("seek_to_beginning"), reads_only=True),
     Target("consumer.committed", _consumer("committed"), reads_only=True),
     Target("consumer.commit", _consumer("commit")),
+    Target("consumer.seek_all", _consumer("seek_all"), reads_only=True),
+    Target("consumer.seek_to_end", _consumer("seek_to_end"), reads_only=True),
+    Target("consumer.lag", _consumer("lag"), reads_only=True),
+    Target("consumer.caught_up", _consumer("caught_up"), reads_only=True),
+    simple("end_offsets", [], reads_only=True),
+    simple("begin_offsets", [], reads_only=True),
+    Target("snapshot.end_offsets", _snapshot("end_offsets"), reads_only=True),
     simple("partition_for", [KEYS], on=log_of, reads_only=True),
     simple("start_offset", [PARTS], on=log_of, reads_only=True),
     simple("end_offset", [PARTS], on=log_of, reads_only=True),
