@@ -92,7 +92,7 @@ def wait_for_commit(the_log: Log, signal: CommitSignal, after_version: int, time
             if remaining <= 0:
                 return version
             pause = min(interval, remaining)
-            woke = watch.wait(pause) if watch is not None else signal.wait(seen, pause)
+            woke = watch.wait(pause, monotonic_s) if watch is not None else signal.wait(seen, pause)
             if not woke:
                 slept += pause  # a commit that woke it early (short of the version) slept less
     finally:

@@ -19,6 +19,7 @@ import ctypes.util
 import os
 import select
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["RenameWatch", "watch_renames"]
@@ -52,15 +53,23 @@ class RenameWatch:
         self._fd = fd
         self._name = name
 
-    def wait(self, timeout_s: float) -> bool:
-        """Sleep until a rename onto the name is reported or ``timeout_s`` passes; whether one
-        was (renames onto other names are drained and end the sleep early, with False)."""
+    def wait(self, timeout_s: float, monotonic_s: Callable[[], float]) -> bool:
+        """Sleep until a rename onto the name is reported or ``timeout_s`` passes (by
+        ``monotonic_s``, the caller's clock); whether one was. Renames onto other names are
+        drained and the sleep goes on for what is left of it."""
         if self._fd < 0:
             raise ValueError("the watch is closed")
-        ready, _w, _x = select.select([self._fd], [], [], max(timeout_s, 0.0))
-        if not ready:
-            return False
-        return self._drain()
+        deadline = monotonic_s() + max(timeout_s, 0.0)
+        left = max(timeout_s, 0.0)
+        while True:
+            ready, _w, _x = select.select([self._fd], [], [], left)
+            if not ready:
+                return False
+            if self._drain():
+                return True
+            left = deadline - monotonic_s()
+            if left <= 0:
+                return False
 
     def _drain(self) -> bool:
         seen = False

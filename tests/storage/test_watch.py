@@ -1,7 +1,7 @@
 """A local root's watch on the head: woken by a swap of the watched name, by nothing else.
 
-Renames onto other names in the directory (a ``put`` of a checkpoint) are drained and end a
-wait early without counting; a closed watch refuses to wait; a directory that does not exist
+Renames onto other names in the directory (a ``put`` of a checkpoint) are drained and the
+wait goes on; a closed watch refuses to wait; a directory that does not exist
 gives no watch (the caller then looks for changes itself), as does an object store.
 """
 
@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from kvlog.clock import SystemClock
 from kvlog.storage import LocalStorage
 from kvlog.storage.faulty import FaultyStorage
 
 HEAD = "log/head.json"
+CLOCK = SystemClock().monotonic_s
 
 
 def test_a_swap_of_the_watched_name_wakes_the_watch(tmp_path: Path) -> None:
@@ -23,21 +25,26 @@ def test_a_swap_of_the_watched_name_wakes_the_watch(tmp_path: Path) -> None:
     watch = storage.watch_swaps(HEAD)
     assert watch is not None
     with watch:
-        assert watch.wait(0) is False
+        assert watch.wait(0, CLOCK) is False
         token = storage.swap(HEAD, b"one", None, copy_to="log/1.json")
-        assert watch.wait(30) is True
-        assert watch.wait(0) is False  # drained
+        assert watch.wait(30, CLOCK) is True
+        assert watch.wait(0, CLOCK) is False  # drained
         storage.swap(HEAD, b"two", token)
-        assert watch.wait(30) is True
+        assert watch.wait(30, CLOCK) is True
 
 
-def test_renames_onto_other_names_end_a_wait_without_counting(tmp_path: Path) -> None:
+def test_renames_onto_other_names_do_not_end_a_wait(tmp_path: Path) -> None:
+    """A checkpoint put while waiting is drained, and the wait goes on to the swap (or to its
+    end: a clock past the deadline ends it at the first other rename)."""
     storage = LocalStorage(tmp_path, fsync=False)
     storage.put("log/other.json", b"x")
     with storage.watch_swaps(HEAD) as watch:  # type: ignore[union-attr]
         storage.put("log/7.checkpoint.json", b"checkpoint")
-        assert watch.wait(30) is False
-        assert watch.wait(0) is False
+        storage.swap(HEAD, b"one", None)
+        assert watch.wait(30, CLOCK) is True
+        storage.put("log/8.checkpoint.json", b"checkpoint")
+        ticks = iter([0.0, 60.0])
+        assert watch.wait(30, lambda: next(ticks)) is False  # drained, and the deadline passed
 
 
 def test_a_closed_watch_refuses_to_wait(tmp_path: Path) -> None:
@@ -48,7 +55,7 @@ def test_a_closed_watch_refuses_to_wait(tmp_path: Path) -> None:
     watch.close()
     watch.close()
     with pytest.raises(ValueError):
-        watch.wait(0)
+        watch.wait(0, CLOCK)
 
 
 def test_no_directory_no_watch_and_a_faulty_wrapper_forwards(tmp_path: Path) -> None:
