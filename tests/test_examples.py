@@ -16,6 +16,7 @@ EXPECTED = {
     "tail_changelog.py": "the rebuilt dict equals the store",
     "object_storage.py": "object storage: done",
     "cache_rebuilder.py": "the rebuilt cache equals the store",
+    "materialized_view.py": "the view equals the store",
     "spark_pipeline.py": "spark pipeline: done",  # its main() runs on the Spark tests' session (tests/spark)
     "outside_reader.py": "outside reader: done",  # run on a store by tests/format/test_outside_reader.py
 }
@@ -38,6 +39,7 @@ def test_every_example_is_tested() -> None:
         "basic_usage.py",
         "tail_changelog.py",
         "cache_rebuilder.py",
+        "materialized_view.py",
         pytest.param("object_storage.py", marks=pytest.mark.s3),  # starts its own SeaweedFS
     ],
 )
