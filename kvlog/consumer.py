@@ -199,7 +199,8 @@ class Consumer:
         with self._lock:
             self._check_open()
             chosen = dict(self._positions) if offsets is None else self._checked(offsets)
-            commit_offsets(self._log, self.group, chosen)
+            if chosen:  # nothing given: nothing to commit (no empty commit)
+                commit_offsets(self._log, self.group, chosen)
 
     def committed(self, partition: int) -> int | None:
         """The group's committed offset of ``partition`` as this process's cache knows it

@@ -218,7 +218,10 @@ class Snapshot:
         (``consumer.seek_all(snap.end_offsets())``) and nothing is missed or read twice. Writes
         of this process buffered when the snapshot was taken are in its state without an
         offset yet: the tail brings them again, in their place (take the snapshot after a
-        ``flush()``, or from another handle, for a state that is exactly the offsets')."""
+        ``flush()``, or from another handle, for a state that is exactly the offsets'). A value
+        written with a time to live is in the state without its expiry (a scan gives none), so
+        a view that must drop it when it expires reads ``expires_ms`` from the changelog; the
+        tail's records carry it."""
         view = self._check()
         return {p: view.reader.partition_end(p) for p in range(self._log.partitions)}
 

@@ -31,7 +31,13 @@ import pyarrow as pa
 
 from kvlog.clock import Clock, IdSource
 from kvlog.config import KEY_BYTES_LIMIT, StoreConfig
-from kvlog.errors import CorruptDataError, InvalidRecordError, KvlogError, StoreClosedError
+from kvlog.errors import (
+    CorruptDataError,
+    InvalidRecordError,
+    KvlogError,
+    StorageError,
+    StoreClosedError,
+)
 from kvlog.format.commit import Commit, FileEntry
 from kvlog.format.identity import Identity
 from kvlog.index import IndexEntry, IndexReader, KeyIndex, RebuildChunk, RecordExpired
@@ -59,8 +65,8 @@ __all__ = ["Log"]
 log = logging.getLogger("kvlog.log")
 
 #: How many times an open's key index rebuild starts again at a newer head when a data file
-#: was deleted under it (see :meth:`Log.rebuild_index`).
-_REBUILD_ATTEMPTS = 4
+#: no longer live there was deleted under it (see :meth:`Log.rebuild_index`).
+_REBUILD_ATTEMPTS = 16
 
 #: How many times :meth:`Log.snapshot` applies its function when map resizes keep ending it.
 _SNAPSHOT_ATTEMPTS = 8
@@ -451,22 +457,33 @@ class Log:
 
         A data file missing meanwhile may be no loss: another process replaced it after the
         version read here and its GC deleted it once the delay passed (an open that rebuilds
-        for longer than ``file_delete_delay_ms``). The newer commits are then applied and the
-        rebuild starts again at the new head, a few times at most; a file missing while the
-        head stands still is a real loss, and raises.
+        for longer than ``file_delete_delay_ms``). The newer commits are then applied and, when
+        the file is no longer live at the new head, the rebuild starts again there. A file
+        missing while the head stands still, or still live at the new head, is a real loss
+        (``DataFileMissing``); a rebuild overtaken again and again is a ``StorageError`` that
+        says so.
         """
-        for attempt in range(_REBUILD_ATTEMPTS):
+        for _attempt in range(_REBUILD_ATTEMPTS):
             try:
                 self._rebuild_index_once()
                 break
-            except DataFileMissing:
-                if self.frozen_at is not None or attempt == _REBUILD_ATTEMPTS - 1:
+            except DataFileMissing as e:
+                if self.frozen_at is not None:
                     raise
                 with self.apply_lock:
                     before = self.version
-                    if self._committer.apply_landed() == before:
-                        raise
+                    if self._committer.apply_landed() == before or self._is_live(e.path):
+                        raise  # the head stood still, or the file is live at the new one: lost
+        else:
+            raise StorageError(
+                f"rebuilding the key index of {self.storage.uri} was overtaken {_REBUILD_ATTEMPTS} times "
+                "by other processes' compactions and garbage collection (each deleted files it was "
+                "reading): open again, or raise file_delete_delay_ms above the time a rebuild takes")
         self._committer.index_stale = False  # whatever was applied meanwhile is indexed now
+
+    def _is_live(self, path: str) -> bool:
+        """Whether a live file of the applied version is at ``path``."""
+        return bool(self.snapshot(lambda r: any(entry.path == path for _id, entry in r.iter_files())))
 
     def _rebuild_index_once(self) -> None:
         def every_batch(r: MetaReader) -> list[LiveBatch]:

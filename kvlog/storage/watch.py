@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import math
 import os
 import select
 import struct
@@ -61,9 +62,10 @@ class RenameWatch:
             raise ValueError("the watch is closed")
         deadline = monotonic_s() + max(timeout_s, 0.0)
         left = max(timeout_s, 0.0)
+        poller = select.poll()  # not select(): a process may hold descriptors past FD_SETSIZE
+        poller.register(self._fd, select.POLLIN)
         while True:
-            ready, _w, _x = select.select([self._fd], [], [], left)
-            if not ready:
+            if not poller.poll(math.ceil(left * 1000)):
                 return False
             if self._drain():
                 return True

@@ -65,3 +65,27 @@ def test_no_directory_no_watch_and_a_faulty_wrapper_forwards(tmp_path: Path) -> 
     watch = FaultyStorage(storage).watch_swaps(HEAD)
     assert watch is not None
     watch.close()
+
+
+def test_a_process_holding_descriptors_past_fd_setsize_still_waits(tmp_path: Path) -> None:
+    """The watch's descriptor may be numbered past 1024 (a server with many sockets): the wait
+    does not use ``select``, whose sets end there."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:  # the hard limit of any machine the suite runs on allows 1200
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        storage = LocalStorage(tmp_path, fsync=False)
+        storage.put("log/other.json", b"x")
+        with storage.watch_swaps(HEAD) as watch:  # type: ignore[union-attr]
+            assert watch._fd >= 1024
+            assert watch.wait(0, CLOCK) is False
+            storage.swap(HEAD, b"one", None)
+            assert watch.wait(30, CLOCK) is True
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -112,6 +112,9 @@ def test_commit_of_chosen_offsets_moves_only_those(tmp_path: Path) -> None:
         consumer = store.consumer("g")
         consumer.commit({0: 2, 2: 1})
         assert [consumer.committed(p) for p in range(3)] == [2, None, 1]
+        version = store.log.version
+        consumer.commit({})  # nothing to commit: no commit
+        assert store.log.version == version
         consumer.poll(timeout_s=0)
         consumer.commit()
         ends = store.end_offsets()

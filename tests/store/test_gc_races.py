@@ -235,3 +235,45 @@ def test_an_open_whose_rebuild_outlasts_the_delete_delay_starts_again_at_the_new
             assert opener.log.version == writer.log.version
             assert dict(opener.scan()) == {f"k{i}".encode(): f"v{i}".encode() for i in range(30)}
             assert opener.check() == []
+
+
+def test_an_open_overtaken_again_and_again_says_so_and_a_file_lost_by_hand_is_still_missing(
+        tmp_path: Path) -> None:
+    """Another process compacts and collects under every rebuild attempt: the open ends with a
+    StorageError saying so (no file was lost). A live file deleted by hand is reported missing,
+    even while another writer keeps committing."""
+    from kvlog.errors import CorruptDataError, StorageError
+
+    root = tmp_path / "root"
+    clock = ManualClock(time.time_ns() // 1_000_000)
+    settings = dict(QUIET, clock=clock, file_delete_delay_ms=1_000, commit_inline_bytes=0)
+    with kvlog.open(root, cache_dir=tmp_path / "writer", **settings) as writer:
+        for i in range(30):
+            writer.put(f"k{i}".encode(), f"v{i}".encode(), sync=True)
+
+        def compact_and_collect() -> None:
+            writer.put(b"more", b"x", sync=True)
+            writer.compact(force=True)
+            clock.advance(10_000)
+            writer.gc()
+
+        class EveryTime(CompactedUnderTheFirstDataRead):
+            def read_range(self, name: str, start: int, length: int) -> bytes:
+                if name.startswith("data/"):
+                    compact_and_collect()
+                return LocalStorage.read_range(self, name, start, length)
+
+        with pytest.raises(StorageError, match="overtaken 16 times"):
+            kvlog.open(EveryTime(root, fsync=False), cache_dir=tmp_path / "overtaken", **settings).close()
+
+        live = sorted((root / "data").rglob("*.arrow"))
+        assert live
+        live[0].unlink()
+
+        class WriterKeepsCommitting(LocalStorage):
+            def read_range(self, name: str, start: int, length: int) -> bytes:
+                writer.put(b"busy", b"x", sync=True)
+                return super().read_range(name, start, length)
+
+        with pytest.raises(CorruptDataError, match="data file is missing"):
+            kvlog.open(WriterKeepsCommitting(root, fsync=False), cache_dir=tmp_path / "lost", **settings).close()
