@@ -8,13 +8,19 @@
 >>> asyncio.run(main())
 b'v'
 
-Threads. Every call that may touch LMDB, storage or a lock runs in a worker thread of a
+Threads. Two calls that memory answers run on the event loop itself, with no thread hop: a
+plain ``put`` of bytes (``sync=False``, no time to live), which only appends to the write
+buffer under its lock (the flush a full buffer triggers, and backpressure, then run in a
+worker), and a ``get`` whose answer is in memory: this process's unflushed writes, or a key the
+key index says is absent or holds inline (reading the index is a lookup in the LMDB map, which
+is memory). Every other call, and every ``get`` that must read a data file or refresh first,
+runs in a worker thread of a
 bounded :class:`~concurrent.futures.ThreadPoolExecutor` that the :class:`AsyncStore` owns
 (``workers`` threads, 4 by default) and shuts down when it closes. A store of its own, not the
 loop's default executor: a long flush or a slow object store then never starves the other
 users of ``asyncio.to_thread``, and closing can wait for exactly the calls this store started.
-Opening and closing run in a thread of their own (closing waits for those workers). The event
-loop thread only hands calls over and receives results.
+Opening and closing run in a thread of their own (closing waits for those workers). For the
+rest, the event loop thread only hands calls over and receives results.
 
 Iterators. :meth:`AsyncStore.scan` and :meth:`AsyncStore.changes` are async generators over the
 sync iterators, which are made and advanced only in the workers, :data:`CHUNK_ROWS` rows per
@@ -56,7 +62,7 @@ from kvlog.config import StoreConfig
 from kvlog.errors import ConfigError, StoreClosedError
 from kvlog.log.records import Record
 from kvlog.storage import Storage
-from kvlog.store import Store, open_store
+from kvlog.store import NOT_AT_ONCE, Store, open_store
 
 __all__ = ["AsyncStore", "CHUNK_ROWS", "DEFAULT_WORKERS", "Opening", "open"]
 
@@ -180,7 +186,14 @@ class AsyncStore:
     async def put(self, key: bytes | str, value: bytes | str, *, sync: bool = False,
                   ttl_ms: int | None = None) -> None:
         """:meth:`kvlog.Store.put`: set ``key``; with ``sync=True`` return once durable; with
-        ``ttl_ms`` the record expires that long after its timestamp."""
+        ``ttl_ms`` the record expires that long after its timestamp. A plain put of bytes
+        is buffered on the loop itself (see the module's docstring)."""
+        if not sync and ttl_ms is None and not self._closing:
+            due = self._store._put_at_once(key, value)
+            if due is not None:
+                if due:  # the buffer's trigger: a flush, or backpressure, in a worker
+                    await self._call(self._store._after_put_trigger)
+                return
         await self._call(functools.partial(self._store.put, key, value, sync=sync, ttl_ms=ttl_ms))
 
     async def delete(self, key: bytes | str, *, sync: bool = False) -> None:
@@ -197,7 +210,12 @@ class AsyncStore:
 
     # -- reads ----------------------------------------------------------------------------------
     async def get(self, key: bytes | str, default: Any = None) -> Any:
-        """:meth:`kvlog.Store.get`: the value of ``key``, or ``default``."""
+        """:meth:`kvlog.Store.get`: the value of ``key``, or ``default``. Answered on the loop
+        when memory holds the answer (see the module's docstring)."""
+        if not self._closing:
+            found = self._store._get_at_once(key)
+            if found is not NOT_AT_ONCE:
+                return default if found is None else found
         return await self._call(self._store.get, key, default)
 
     async def get_many(self, keys: Iterable[bytes | str]) -> list[bytes | None]:

@@ -48,6 +48,8 @@ from kvlog.views import StoreMapping
 __all__ = ["Store", "WriteBatch", "open_store"]
 
 _MISSING = object()
+#: What :meth:`Store._get_at_once` returns when memory cannot answer.
+NOT_AT_ONCE = object()
 _T = TypeVar("_T")
 
 
@@ -215,6 +217,34 @@ class Store(StoreMapping):
             return
         k, v = self._record(key, to_value(value))
         self._writer().write([(k, v)], sync=sync)
+
+    def _put_at_once(self, key: object, value: object) -> bool | None:
+        """A plain put buffered without waiting for anything but the buffer's lock, for
+        :mod:`kvlog.aio` to make on the event loop: None when this is not such a put (the
+        caller makes it with :meth:`put` in a worker), else whether the buffer's trigger is
+        due (then :meth:`_after_put_trigger` must run, in a worker: it may flush or wait)."""
+        flusher = self._flusher
+        if (type(key) is bytes and type(value) is bytes and 0 < len(key) <= self._max_key
+                and len(key) + len(value) <= self._max_record and flusher is not None
+                and not self._closed):
+            return flusher.buffer_put(key, value)
+        return None
+
+    def _after_put_trigger(self) -> None:
+        """Attend to a buffer whose put returned True (see :meth:`_put_at_once`)."""
+        if self._flusher is not None:
+            self._flusher.after_trigger()
+
+    def _get_at_once(self, key: object) -> Any:
+        """The value of a valid ``key`` when memory answers it (the memtable, or a value kept
+        in the key index) without a look at storage, for :mod:`kvlog.aio` to read on the event
+        loop: the value, None for a key that is not there, or :data:`NOT_AT_ONCE` (the caller
+        reads with :meth:`get` in a worker: a data file to read, or a refresh due)."""
+        if type(key) is bytes and 0 < len(key) <= KEY_BYTES_LIMIT and not self._closed:
+            found = self._lookup(key, self._refresh_at)
+            if found is None or type(found) is bytes:
+                return found
+        return NOT_AT_ONCE
 
     def delete(self, key: bytes | str, *, sync: bool = False) -> None:
         """Delete ``key`` (append a tombstone); deleting a missing key is not an error."""

@@ -326,3 +326,45 @@ def test_put_with_a_time_to_live_expires_under_the_stores_clock(tmp_path: Path) 
             assert await store.get(b"bad") is None
 
     run(main())
+
+
+def test_puts_and_gets_memory_answers_run_on_the_loop_and_the_rest_in_workers(tmp_path: Path) -> None:
+    """A plain put of bytes and a get memory answers (an unflushed write, an absent key, a value
+    kept inline in the index) start no worker; a get of a value in a data file, a put with a
+    time to live, a sync put and a put that fills the buffer go to a worker as before."""
+    hops: list[str] = []
+
+    async def main() -> None:
+        sync = kvlog.open(tmp_path / "s", partitions=3, flush_bytes=4096, inline_value_bytes=8,
+                          refresh_interval_ms=600_000, **{k: v for k, v in QUIET.items() if k != "flush_bytes"})
+        async with AsyncStore(sync, workers=1) as store:
+            real_job = store._job
+
+            def counted(fn: Any, args: tuple[Any, ...]) -> Any:
+                hops.append(getattr(fn, "__name__", repr(fn)))
+                return real_job(fn, args)
+
+            store._job = counted  # type: ignore[method-assign]
+            await store.refresh()  # a read refreshes first after refresh_interval_ms: in a worker
+            hops.clear()
+            await store.put(b"small", b"v")  # buffered on the loop
+            assert await store.get(b"small") == b"v"  # the memtable answers
+            assert await store.get(b"absent", "d") == "d"  # the index says absent
+            assert hops == []
+            await store.flush()
+            assert await store.get(b"small") == b"v"  # inline in the index (8 bytes at most)
+            assert hops == ["flush"]
+            await store.put(b"large", b"x" * 100)
+            await store.flush()
+            hops.clear()
+            assert await store.get(b"large") == b"x" * 100  # in a data file: a worker reads it
+            await store.put(b"t", b"v", ttl_ms=60_000)
+            await store.put(b"s", b"v", sync=True)
+            assert len(hops) == 3
+            hops.clear()
+            for i in range(200):  # past flush_bytes: the put that fills the buffer flushes in a worker
+                await store.put(f"fill{i:03d}".encode(), b"y" * 64)
+            assert hops and set(hops) == {"_after_put_trigger"}
+            assert await store.get(b"fill199") == b"y" * 64
+
+    run(main())
