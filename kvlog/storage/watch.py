@@ -67,13 +67,19 @@ class RenameWatch:
         while True:
             if not poller.poll(math.ceil(left * 1000)):
                 return False
-            if self._drain():
+            if self.drain():
                 return True
             left = deadline - monotonic_s()
             if left <= 0:
                 return False
 
-    def _drain(self) -> bool:
+    def fileno(self) -> int:
+        """The descriptor that becomes readable when a rename is reported (an event loop's
+        reader: :meth:`drain` it once woken)."""
+        return self._fd
+
+    def drain(self) -> bool:
+        """Read every reported rename without waiting; whether one was onto the name."""
         seen = False
         while True:
             try:

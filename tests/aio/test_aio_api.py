@@ -368,3 +368,99 @@ def test_puts_and_gets_memory_answers_run_on_the_loop_and_the_rest_in_workers(tm
             assert await store.get(b"fill199") == b"y" * 64
 
     run(main())
+
+
+def test_an_async_consumer_reads_seeks_commits_and_reports_lag_as_the_sync_one(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _open(tmp_path / "s") as store:
+            for i in range(30):
+                await store.put(f"k{i:02d}", "v")
+            await store.flush()
+            consumer = store.consumer("g")
+            assert consumer.partitions == (0, 1, 2) and consumer.group == "g"
+            assert sum((await consumer.lag()).values()) == 30 and not await consumer.caught_up()
+            got = []
+            while not await consumer.caught_up():
+                got += await consumer.poll(timeout_s=0)
+            assert sorted(r.key for r in got) == [f"k{i:02d}".encode() for i in range(30)]
+            await consumer.commit()
+            assert [await consumer.committed(p) for p in range(3)] == [await consumer.position(p) for p in range(3)]
+            await consumer.seek_all({0: 0})
+            assert await consumer.position(0) == 0
+            await consumer.seek_to_end()
+            assert await consumer.poll(timeout_s=0.01) == []
+            with pytest.raises(kvlog.errors.InvalidRecordError):
+                await consumer.poll(max_records=0)
+            with pytest.raises(kvlog.errors.InvalidRecordError):
+                await consumer.seek_all({7: 0})
+            consumer.close()
+
+    run(main())
+
+
+def test_an_async_poll_waits_on_the_loop_for_another_processes_commit_holding_no_worker(
+        tmp_path: Path) -> None:
+    """One worker, a follow interval of ten minutes: a poll waiting for records leaves the worker
+    free for other calls, and another process's commit (the head's rename) wakes it."""
+    import sys
+
+    path = tmp_path / "s"
+    with kvlog.open(path, **QUIET) as first:
+        first.put(b"first", b"v", sync=True)  # a first commit: log/ is there to watch
+    script = ("import sys, kvlog\n"
+              "with kvlog.open(sys.argv[1], cache_dir=sys.argv[2]) as s:\n"
+              "    s.put(b'from-another-process', b'v', sync=True)\n")
+
+    async def main() -> None:
+        sync = kvlog.open(path, follow_interval_ms=600_000, **QUIET)
+        async with AsyncStore(sync, workers=1) as store:
+            consumer = store.consumer("g")
+            await consumer.seek_to_end()
+            waiting = asyncio.ensure_future(consumer.poll(timeout_s=300))
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            assert await store.call(lambda: "the worker is free") == "the worker is free"
+            writer = await asyncio.create_subprocess_exec(sys.executable, "-c", script, str(path),
+                                                          str(tmp_path / "writer-cache"))
+            assert await writer.wait() == 0
+            records = await asyncio.wait_for(waiting, 60)
+            assert [r.key for r in records] == [b"from-another-process"]
+
+    run(main())
+
+
+def test_a_cancelled_async_poll_loses_no_record_and_closing_ends_a_wait(tmp_path: Path) -> None:
+    import time as _time
+
+    async def main() -> None:
+        sync = kvlog.open(tmp_path / "s", **QUIET)
+        async with AsyncStore(sync, workers=1) as store:
+            for i in range(5):
+                await store.put(f"k{i}", "v")
+            await store.flush()
+            consumer = store.consumer("g")
+            real_poll = consumer.sync.poll
+
+            def slow_poll(*args: Any, **kwargs: Any) -> Any:
+                records = real_poll(*args, **kwargs)
+                _time.sleep(0.3)  # the task is cancelled while the worker holds the records
+                return records
+
+            consumer.sync.poll = slow_poll  # type: ignore[method-assign]
+            task = asyncio.ensure_future(consumer.poll(timeout_s=0))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            consumer.sync.poll = real_poll  # type: ignore[method-assign]
+            await store.call(lambda: None)  # the cancelled read has finished: positions put back
+            got = await consumer.poll(timeout_s=0)
+            assert sorted(r.key for r in got) == [f"k{i}".encode() for i in range(5)]
+            waiting = asyncio.ensure_future(store.consumer("h", partitions=[0]).poll(timeout_s=300))
+            await store.consumer("h2").seek_to_end()
+            await asyncio.sleep(0.05)
+            await store.close()
+            with pytest.raises(kvlog.errors.StoreClosedError):
+                await asyncio.wait_for(waiting, 60)
+
+    run(main())
