@@ -81,7 +81,7 @@ def test_a_process_holding_descriptors_past_fd_setsize_still_waits(tmp_path: Pat
         storage = LocalStorage(tmp_path, fsync=False)
         storage.put("log/other.json", b"x")
         with storage.watch_swaps(HEAD) as watch:  # type: ignore[union-attr]
-            assert watch._fd >= 1024
+            assert watch.fileno() >= 1024
             assert watch.wait(0, CLOCK) is False
             storage.swap(HEAD, b"one", None)
             assert watch.wait(30, CLOCK) is True
