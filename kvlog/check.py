@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from kvlog.errors import CorruptDataError, StorageError
@@ -12,7 +13,7 @@ from kvlog.log import Log
 from kvlog.log.head import Head, read_head, storage_behind
 from kvlog.log.naming import LOG_PREFIX, commit_name
 from kvlog.log.reader import records_of_batch
-from kvlog.meta import CleanerState, LiveBatch, LiveFile
+from kvlog.meta import CleanerState, GroupOffsets, LiveBatch, LiveFile
 
 __all__ = ["check_store", "log_stats"]
 
@@ -224,6 +225,18 @@ def log_stats(log: Log) -> dict[str, Any]:
     out["commits_written"] = log.commits_written
     out["commits_applied"] = log.commits_applied
     out["storage_requests"] = dict(log.storage.requests)
+    out["storage_traffic"] = {kind: log.storage.traffic[kind] for kind in ("sent", "received", "fsyncs")}
+    out["commit_latency"] = log.commit_latency().to_json()
+    out["consumer_groups"] = log.snapshot(
+        lambda r: _groups(GroupOffsets(r).every()))
+    return out
+
+
+def _groups(rows: Iterable[tuple[str, int, int]]) -> dict[str, dict[str, int]]:
+    """Committed offsets by group, then partition (as ``stats()`` shows them)."""
+    out: dict[str, dict[str, int]] = {}
+    for group, partition, offset in rows:
+        out.setdefault(group, {})[str(partition)] = offset
     return out
 
 

@@ -3,7 +3,8 @@
 The core (local stores, the command line, the demo without Spark) needs no optional
 package. ``pip install 'kvlog[s3]'`` adds obstore for ``s3://`` stores, ``kvlog[spark]``
 adds PySpark and pandas for the Spark jobs (Spark also needs a Java 17 runtime), and
-``kvlog[bench]`` what the benchmark suite of a source checkout uses. :func:`require`
+``kvlog[metrics]`` prometheus_client for :mod:`kvlog.metrics`, and ``kvlog[bench]`` what the
+benchmark suite of a source checkout uses. :func:`require`
 imports what a piece of work needs and, when something is missing, raises
 :class:`~kvlog.errors.MissingExtraError` naming the extra, so a command refuses in one
 line instead of failing with a traceback after minutes of work.
@@ -23,6 +24,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "s3": ("obstore",),
     "spark": ("pyspark", "pandas"),
     "bench": ("matplotlib", "rocksdict", "obstore", "pyspark", "pandas"),
+    "metrics": ("prometheus_client",),
 }
 
 _NOTES = {"spark": " (Spark also needs Java 17 or newer)"}

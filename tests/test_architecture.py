@@ -29,7 +29,7 @@ LAYERS: dict[str, int] = {
     "log": 5,
     "compaction": 6, "check": 6, "consumer": 6, "snapshot": 6, "views": 6,
     "store": 7,
-    "aio": 8, "demo": 8, "testing": 8, "__init__": 8,
+    "aio": 8, "demo": 8, "testing": 8, "metrics": 8, "__init__": 8,
     "cli": 9,
     "__main__": 10,
 }

@@ -31,6 +31,13 @@ __all__ = ["register"]
 def _cmd_stats(args: argparse.Namespace) -> int:
     from kvlog.clock import SystemClock
 
+    if args.prometheus:
+        require("metrics", purpose="kvlog stats --prometheus")  # before anything is opened
+        from kvlog.metrics import text
+
+        with open_store(args, create=False, read_only=True) as store:
+            sys.stdout.write(text(store))
+        return 0
     with open_store(args, create=False, read_only=True) as store:
         stats = store.stats()
         ratio = store.log.config.min_cleanable_dirty_ratio
@@ -199,7 +206,10 @@ def register(sub: Subparsers) -> None:
     """Add the commands that inspect, check and compact a store, and the Spark, demo and bench ones."""
     p = sub.add_parser("stats", help="a short summary of the store (sizes, ages, dirty ratios, errors)")
     add_store_arguments(p)
-    p.add_argument("--json", action="store_true", help="print every figure of Store.stats() as JSON")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="print every figure of Store.stats() as JSON")
+    shown.add_argument("--prometheus", action="store_true",
+                       help="print the store's metrics in Prometheus's text format (the metrics extra)")
     p.set_defaults(func=_cmd_stats)
     p = sub.add_parser("check", help="verify the store's invariants")
     add_store_arguments(p)

@@ -114,6 +114,10 @@ class Compactor:
         self.rounds = 0
         self.last_report: CompactionReport | None = None
         self.last_error: str | None = None
+        #: Failed rounds and partitions since the store opened (each failure counted once).
+        self.failures_total = 0
+        #: When a round last ended without an error (ms since the epoch; None: never yet).
+        self.last_success_ms: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -166,10 +170,12 @@ class Compactor:
                                                                 self._config.offset_map_load_factor))
             if plan is None:
                 report.duration_s = self._clock.monotonic_s() - started
+                self.last_success_ms = self._clock.now_ms()
                 return report
             report = self._run(plan, batches, now, report, overlap=overlap)
             report.duration_s = round(self._clock.monotonic_s() - started, 6)
             self.last_report = report
+            self.last_success_ms = self._clock.now_ms()
             return report
 
     def _run(self, plan: Plan, batches: dict[int, list[LiveBatch]], now: int,
@@ -283,6 +289,7 @@ class Compactor:
         delay = min(_BACKOFF_START_MS * 2 ** (count - 1), _BACKOFF_MAX_MS)
         self.failures[partition] = {"error": str(error), "failures": count, "retry_at_ms": now + delay}
         self.last_error = str(error)
+        self.failures_total += 1
         log.error("compaction of partition %d failed (attempt %d, retry in %d ms): %s",
                   partition, count, delay, error)
 
@@ -315,9 +322,11 @@ class Compactor:
                 continue  # recorded per partition by _fail
             except KvlogError as e:
                 self.last_error = f"{type(e).__name__}: {e}"
+                self.failures_total += 1
                 log.warning("background compaction failed (will retry): %s", e)
             except Exception as e:  # never die silently: log, record, go on
                 self.last_error = f"{type(e).__name__}: {e}"
+                self.failures_total += 1
                 log.exception("unexpected error in the background compactor")
 
     def stats(self) -> dict[str, Any]:
@@ -327,6 +336,8 @@ class Compactor:
             "rounds": self.rounds,
             "failing_partitions": {str(p): dict(f) for p, f in self.failures.items()},
             "last_error": self.last_error,
+            "failures_total": self.failures_total,
+            "last_success_ms": self.last_success_ms,
             "last_report": self.last_report.to_dict() if self.last_report else None,
             "map_capacity": capacity_for(self._config.offset_map_bytes, self._config.offset_map_load_factor),
         }

@@ -39,6 +39,7 @@ from kvlog.index import runs_pending
 from kvlog.log.catch_up import catch_up
 from kvlog.log.checkpoints import newest_checkpoint
 from kvlog.log.head import HEAD_NAME, Head, head_files_present, hole_text, read_head, storage_behind
+from kvlog.log.latency import Histogram
 from kvlog.log.naming import LOG_PREFIX, commit_name, parse_log_name
 from kvlog.log.replay import apply_commit
 from kvlog.log.waiting import CommitSignal
@@ -76,6 +77,8 @@ class Committer:
         self._commit_lock = threading.RLock()
         self._own: dict[str, OwnBatches] = {}
         self.commits_written = 0
+        #: How long each commit took, from the call to its outcome (retries included).
+        self.latency = Histogram()
         self.commits_applied = 0
         #: Wakes :meth:`kvlog.log.log.Log.wait_for_commit` after every commit applied here.
         self.signal = CommitSignal()
@@ -253,6 +256,7 @@ class Committer:
             raise ReadOnlyError("the store is open read-only")
         retries = the_log.config.commit_retries
         failing = min(retries, _STORAGE_ATTEMPTS)
+        started = the_log.clock.monotonic_s()
         with self._commit_lock:
             storage_errors = 0
             last_error: StorageError | None = None
@@ -305,6 +309,7 @@ class Committer:
                     self._own.pop(commit.commit_id, None)
                 done = decided if decided is not None else self.outcome(commit.commit_id)
                 if done is not None:
+                    self.latency.observe(the_log.clock.monotonic_s() - started)
                     the_log.maybe_checkpoint(version)
                     return done
             if last_error is not None and storage_errors >= failing:

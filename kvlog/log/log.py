@@ -44,6 +44,7 @@ from kvlog.index import IndexEntry, IndexReader, KeyIndex, RebuildChunk, RecordE
 from kvlog.log import append, checkpoints, gc, producer_handle, waiting
 from kvlog.log.append import PendingBatch
 from kvlog.log.committer import Committer, OwnBatches
+from kvlog.log.latency import HistogramSnapshot
 from kvlog.log.pins import registry_for
 from kvlog.log.producer_handle import Producer
 from kvlog.log.reader import (
@@ -393,6 +394,10 @@ class Log:
     def commits_applied(self) -> int:
         """Commits this process applied to the cache."""
         return self._committer.commits_applied
+
+    def commit_latency(self) -> HistogramSnapshot:
+        """How long this process's commits took (each from the call to its outcome)."""
+        return self._committer.latency.snapshot()
 
     def apply_settings(self, *, index_ready: bool) -> ApplySettings:
         """The replay settings for one apply (metadata only while the index awaits a rebuild)."""

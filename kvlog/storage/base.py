@@ -89,12 +89,16 @@ class Storage(ABC):
 
     def __init__(self) -> None:
         self.requests: Counter[str] = Counter()
+        #: Bytes sent (``"sent"``: puts and swaps) and received (``"received"``: whole and ranged
+        #: reads; streamed reads count as requests only), and, on a local root, ``"fsyncs"``.
+        self.traffic: Counter[str] = Counter()
         self._count_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle cheaply (for Spark executors): no locks or clients; the copy counts its own requests."""
         state = {k: v for k, v in self.__dict__.items() if k not in self._transient}
         state["requests"] = Counter()
+        state["traffic"] = Counter()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -105,9 +109,20 @@ class Storage(ABC):
         """Recreate the :attr:`_transient` attributes (after unpickling)."""
         self._count_lock = threading.Lock()
 
-    def _count(self, kind: str) -> None:
+    def _count(self, kind: str, sent: int = 0) -> None:
         with self._count_lock:
             self.requests[kind] += 1
+            self.traffic["sent"] += sent
+
+    def _received(self, data: bytes) -> bytes:
+        """``data``, counted as received."""
+        with self._count_lock:
+            self.traffic["received"] += len(data)
+        return data
+
+    def _fsynced(self) -> None:
+        with self._count_lock:
+            self.traffic["fsyncs"] += 1
 
     @abstractmethod
     def read(self, name: str) -> bytes:

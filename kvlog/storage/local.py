@@ -146,6 +146,7 @@ class LocalStorage(Storage):
                 view = view[written:]
             if self.fsync:
                 os.fsync(fd)
+                self._fsynced()
         except BaseException:
             os.close(fd)
             tmp.unlink(missing_ok=True)
@@ -159,13 +160,14 @@ class LocalStorage(Storage):
         fd = os.open(directory, os.O_RDONLY)
         try:
             os.fsync(fd)
+            self._fsynced()
         finally:
             os.close(fd)
 
     def read(self, name: str) -> bytes:
         self._count("get")
         try:
-            return self._path(name).read_bytes()
+            return self._received(self._path(name).read_bytes())
         except FileNotFoundError:
             raise
         except OSError as e:
@@ -178,7 +180,7 @@ class LocalStorage(Storage):
         try:
             with open(self._path(name), "rb") as f:
                 f.seek(start)
-                return f.read(length)
+                return self._received(f.read(length))
         except FileNotFoundError:
             raise
         except OSError as e:
@@ -194,7 +196,7 @@ class LocalStorage(Storage):
             raise StorageError(f"cannot open {name}: {e}") from e
 
     def put_if_absent(self, name: str, data: BytesLike) -> None:
-        self._count("put_if_absent")
+        self._count("put_if_absent", memoryview(data).nbytes)
         final = self._path(name)
         try:
             if final.exists():
@@ -216,7 +218,7 @@ class LocalStorage(Storage):
         return None if token == unless else (data, token)
 
     def swap(self, name: str, data: BytesLike, expected: str | None, copy_to: str | None = None) -> str:
-        self._count("swap")
+        self._count("swap", memoryview(data).nbytes)
         final = self._path(name)
         copy = self._path(copy_to) if copy_to is not None else None
         try:
@@ -239,6 +241,7 @@ class LocalStorage(Storage):
                     tmp.unlink(missing_ok=True)
                 if self.fsync:
                     os.fsync(lock)  # the lock is held on the directory: its fsync makes both names durable
+                    self._fsynced()
                 if copy is not None and copy.parent != final.parent:
                     self._sync_dir(copy.parent)
             finally:
@@ -265,7 +268,7 @@ class LocalStorage(Storage):
             os.replace(spare, target)
 
     def put(self, name: str, data: BytesLike) -> None:
-        self._count("put")
+        self._count("put", memoryview(data).nbytes)
         final = self._path(name)
         try:
             tmp = self._write_tmp(final, data)
@@ -284,6 +287,7 @@ class LocalStorage(Storage):
                 fd = os.open(path, os.O_RDONLY)
                 try:
                     os.fsync(fd)
+                    self._fsynced()
                 finally:
                     os.close(fd)
             os.replace(path, final)
@@ -292,7 +296,7 @@ class LocalStorage(Storage):
                 raise StorageError(f"cannot write {name}: {e}") from e
             super().put_file(name, path)  # another file system: copy
             return
-        self._count("put")
+        self._count("put", final.stat().st_size)
         try:
             self._sync_dir(final.parent)
         except OSError as e:

@@ -358,7 +358,7 @@ class ObjectStoreStorage(Storage):
         check_name(name)
         self._count("get")
         try:
-            return bytes(obstore.get(self.client, name).bytes())
+            return self._received(bytes(obstore.get(self.client, name).bytes()))
         except FileNotFoundError as e:
             self._not_found("read", name, e)
         except _BACKEND_ERRORS as e:
@@ -378,7 +378,7 @@ class ObjectStoreStorage(Storage):
             return b""
         self._count("range_get")
         try:
-            return bytes(obstore.get_range(self.client, name, start=start, length=length))
+            return self._received(bytes(obstore.get_range(self.client, name, start=start, length=length)))
         except FileNotFoundError as e:
             self._not_found("read", name, e)
         except _BACKEND_ERRORS as e:
@@ -421,7 +421,7 @@ class ObjectStoreStorage(Storage):
         tell the cases apart read the object back and compare.
         """
         check_name(name)
-        self._count("put_if_absent")
+        self._count("put_if_absent", memoryview(data).nbytes)
         payload = data if isinstance(data, bytes | bytearray) else memoryview(data).cast("B")
         try:
             obstore.put(self.client, name, payload, mode="create", use_multipart=False)
@@ -438,7 +438,7 @@ class ObjectStoreStorage(Storage):
         try:
             options: GetOptions = {"if_none_match": unless} if unless is not None else {}
             result = obstore.get(self.client, name, options=options)
-            data = bytes(result.bytes())
+            data = self._received(bytes(result.bytes()))
         except NotModifiedError:
             return None
         except FileNotFoundError as e:
@@ -456,7 +456,7 @@ class ObjectStoreStorage(Storage):
         PUT. A retried attempt whose first answer was lost is refused as a conflict although it
         wrote: callers that must tell read the object back."""
         check_name(name)
-        self._count("swap")
+        self._count("swap", memoryview(data).nbytes)
         payload = data if isinstance(data, bytes | bytearray) else memoryview(data).cast("B")
         mode: Any = "create" if expected is None else {"e_tag": expected}
         try:
@@ -478,7 +478,7 @@ class ObjectStoreStorage(Storage):
         completes atomically; an interrupted multipart upload leaves hidden parts that
         a bucket lifecycle rule for incomplete uploads removes."""
         check_name(name)
-        self._count("put")
+        self._count("put", memoryview(data).nbytes)
         # obstore takes flat byte buffers: view anything else (e.g. typed memoryviews) as bytes.
         payload = data if isinstance(data, bytes | bytearray) else memoryview(data).cast("B")
         size = len(payload)
