@@ -211,16 +211,24 @@ class CompactedUnderTheFirstDataRead(LocalStorage):
         return super().read_range(name, start, length)
 
 
+def _thirty_files_and_a_clock() -> tuple[ManualClock, dict[str, Any]]:
+    """A clock the test moves past the delete delay, and settings that give each flush a data file."""
+    clock = ManualClock(time.time_ns() // 1_000_000)
+    return clock, dict(QUIET, clock=clock, file_delete_delay_ms=1_000, commit_inline_bytes=0)
+
+
+def _write_thirty(store: kvlog.Store) -> None:
+    for i in range(30):
+        store.put(f"k{i}".encode(), f"v{i}".encode(), sync=True)
+
+
 def test_an_open_whose_rebuild_outlasts_the_delete_delay_starts_again_at_the_new_head(tmp_path: Path) -> None:
     """A fresh cache rebuilds its key index from the files live at the version it caught up to.
     Another process compacts them all and its GC deletes them (their delay past) while the
     rebuild reads the first one: the open applies the newer commits and rebuilds there."""
-    root = tmp_path / "root"
-    clock = ManualClock(time.time_ns() // 1_000_000)
-    settings = dict(QUIET, clock=clock, file_delete_delay_ms=1_000, commit_inline_bytes=0)
+    root, clock, settings = tmp_path / "root", *_thirty_files_and_a_clock()
     with kvlog.open(root, cache_dir=tmp_path / "writer", **settings) as writer:
-        for i in range(30):
-            writer.put(f"k{i}".encode(), f"v{i}".encode(), sync=True)
+        _write_thirty(writer)
         collected: list[dict[str, int]] = []
 
         def compact_and_collect() -> None:
@@ -244,12 +252,9 @@ def test_an_open_overtaken_again_and_again_says_so_and_a_file_lost_by_hand_is_st
     even while another writer keeps committing."""
     from kvlog.errors import CorruptDataError, StorageError
 
-    root = tmp_path / "root"
-    clock = ManualClock(time.time_ns() // 1_000_000)
-    settings = dict(QUIET, clock=clock, file_delete_delay_ms=1_000, commit_inline_bytes=0)
+    root, clock, settings = tmp_path / "root", *_thirty_files_and_a_clock()
     with kvlog.open(root, cache_dir=tmp_path / "writer", **settings) as writer:
-        for i in range(30):
-            writer.put(f"k{i}".encode(), f"v{i}".encode(), sync=True)
+        _write_thirty(writer)
 
         def compact_and_collect() -> None:
             writer.put(b"more", b"x", sync=True)
