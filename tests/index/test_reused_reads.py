@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import lmdb
@@ -107,6 +108,9 @@ def test_gets_in_threads_see_every_commit_made_before_them(tmp_path: Path) -> No
                 if value is None or int(value) < floor:
                     errors.append(f"read {value!r} after commit {floor}")
                     return
+                # Let the writer run: four readers spinning on the GIL stretch each flush by
+                # many switch intervals, and the test by a minute, without reading more.
+                time.sleep(0)
 
         threads = [threading.Thread(target=reader) for _ in range(4)]
         for t in threads:
