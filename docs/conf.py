@@ -49,6 +49,8 @@ nitpick_ignore = [
     ("py:class", "contextlib.AbstractContextManager"),
     # Third-party libraries in kvlog's signatures (pyarrow, numpy, pyroaring).
     ("py:class", "pyarrow.lib.RecordBatch"),
+    ("py:class", "CollectorRegistry"),  # prometheus_client's, in kvlog.metrics.register
+    ("py:class", "INotify"),  # inotify_simple's, in kvlog.storage.watch.RenameWatch
     ("py:class", "pyarrow.lib.MemoryPool"),
     ("py:class", "numpy.ndarray"),
     ("py:class", "numpy.integer"),
