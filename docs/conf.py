@@ -32,6 +32,8 @@ suppress_warnings: list[str] = []
 nitpick_ignore = [
     # The standard library (https://docs.python.org/3/ has the inventory; no network here).
     ("py:mod", "logging"),
+    ("py:class", "asyncio.Event"),
+    ("py:class", "Future"),  # concurrent.futures.Future, in kvlog.aio.AsyncConsumer's signature
     ("py:class", "logging.NullHandler"),
     ("py:mod", "multiprocessing"),
     ("py:class", "os.PathLike"),

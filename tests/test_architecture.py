@@ -28,7 +28,7 @@ LAYERS: dict[str, int] = {
     "index": 4,
     "log": 5,
     "compaction": 6, "check": 6, "consumer": 6, "snapshot": 6, "views": 6,
-    "store": 7,
+    "store": 7, "aio_consumer": 7,
     "aio": 8, "demo": 8, "testing": 8, "metrics": 8, "__init__": 8,
     "cli": 9,
     "__main__": 10,

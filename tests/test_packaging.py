@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXTENSIONS = frozenset(compiled for compiled, _twin, _holders in MODULES.values())
 
 #: What a plain ``pip install kvlog`` brings, and what it must not.
-CORE = frozenset({"pyarrow", "lmdb", "pyroaring", "numpy", "xxhash", "crc32c", "rich"})
+CORE = frozenset({"pyarrow", "lmdb", "pyroaring", "numpy", "xxhash", "crc32c", "rich", "inotify-simple"})
 NOT_CORE = ("pyspark", "pandas", "matplotlib", "obstore", "rocksdict", "sphinx", "pytest")
 
 #: The checkout's build outputs and caches, which a copy of the source tree leaves out.
@@ -248,14 +248,18 @@ def test_wheel_metadata_has_the_extras_classifiers_urls_and_license(built: Built
     assert meta.get_all("License-File") == ["LICENSE"]
     assert "the kvlog authors" in (meta["Author"], meta["Author-email"])
     requires = meta.get_all("Requires-Dist") or []
-    core = {re.split(r"[<>=!~ ;\[]", r, maxsplit=1)[0] for r in requires if "extra ==" not in r}
+    def name(requirement: str) -> str:  # as PEP 503 normalizes it
+        return re.sub(r"[-_.]+", "-", re.split(r"[<>=!~ ;\[]", requirement, maxsplit=1)[0]).lower()
+
+    core = {name(r) for r in requires if "extra ==" not in r}
     assert core == CORE
     by_extra: dict[str, set[str]] = {}
     for r in requires:
         if "extra ==" in r:
             extra = r.rsplit("extra ==", 1)[1].strip().strip("'\"")
-            by_extra.setdefault(extra, set()).add(re.split(r"[<>=!~ ;\[]", r, maxsplit=1)[0])
-    assert set(meta.get_all("Provides-Extra") or []) == {"s3", "spark", "bench", "docs", "test", "dev"}
+            by_extra.setdefault(extra, set()).add(name(r))
+    assert set(meta.get_all("Provides-Extra") or []) == {"s3", "spark", "bench", "metrics", "docs", "test", "dev"}
+    assert by_extra["metrics"] == {"prometheus-client"}
     assert by_extra["s3"] == {"obstore"}
     assert by_extra["spark"] == {"pyspark", "pandas"}
     assert {"matplotlib", "rocksdict"} <= by_extra["bench"]
