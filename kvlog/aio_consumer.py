@@ -87,7 +87,7 @@ class AsyncConsumer:
 
     async def _read(self, max_records: int, refresh: bool) -> list[Record]:
         """One look in a worker (after reading the head when ``refresh``); a task cancelled
-        meanwhile leaves the positions where they were (see the module's docstring)."""
+        meanwhile leaves the positions where they were (see the class's docstring)."""
         if self._closing():
             raise StoreClosedError("the store is closed")
         consumer, the_log = self._consumer, self._log
@@ -97,7 +97,10 @@ class AsyncConsumer:
                 the_log.refresh()  # other processes' commits: what woke the wait
             return consumer.poll(timeout_s=0.0, max_records=max_records)
 
-        job: Future[list[Record]] = self._submit(read)
+        try:
+            job: Future[list[Record]] = self._submit(read)
+        except RuntimeError:  # the workers shut down: the store closed since the check above
+            raise StoreClosedError("the store is closed") from None
         try:
             return await asyncio.wrap_future(job)
         except asyncio.CancelledError:
