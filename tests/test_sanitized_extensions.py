@@ -65,6 +65,7 @@ def _build(package: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # the run it starts has its own 1200 s guard; the suite's is 600 s a test
 def test_extensions_under_address_sanitizer(tmp_path: Path) -> None:
     libasan = _libasan()
     # The machines this project runs on ship gcc with libasan: its absence is a broken setup.
