@@ -16,7 +16,7 @@ from typing import Any
 from kvlog.clock import Clock, IdSource, ManualClock, SeededIdSource, SystemClock, SystemIdSource
 from kvlog.compaction import CompactionReport
 from kvlog.config import StoreConfig
-from kvlog.consumer import Consumer
+from kvlog.consumer import Consumer, GroupInfo
 from kvlog.errors import (
     CheckpointExistsError,
     CheckpointNotFoundError,
@@ -24,6 +24,7 @@ from kvlog.errors import (
     CommitStateUnknownError,
     ConfigError,
     CorruptDataError,
+    GroupNotFoundError,
     InvalidRecordError,
     KvlogError,
     MissingExtraError,
@@ -48,7 +49,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AppendResult", "Checkpoint", "CheckpointExistsError", "CheckpointNotFoundError", "Clock", "CompactionReport", "CommitConflictError", "CommitStateUnknownError", "ConfigError", "Consumer",
-    "CorruptDataError", "IdSource", "InvalidRecordError", "KvlogError", "Log", "ManualClock", "MissingExtraError",
+    "CorruptDataError", "GroupInfo", "GroupNotFoundError", "IdSource", "InvalidRecordError", "KvlogError", "Log", "ManualClock", "MissingExtraError",
     "OutOfOrderSequenceError", "Producer", "ProducerError", "ProducerFencedError", "ReadOnlyError",
     "Record", "SeededIdSource", "Snapshot", "StorageBehindError", "StorageError", "Store", "StoreClosedError", "StoreConfig",
     "StoreNotFoundError", "SystemClock", "SystemIdSource", "WriteBatch", "open", "__version__",

@@ -70,6 +70,7 @@ from kvlog.aio_consumer import AsyncConsumer
 from kvlog.clock import Clock, IdSource
 from kvlog.compaction import CompactionReport
 from kvlog.config import StoreConfig
+from kvlog.consumer import Consumer, GroupInfo
 from kvlog.errors import ConfigError, StoreClosedError
 from kvlog.log.records import Record
 from kvlog.storage import Storage
@@ -237,15 +238,26 @@ class AsyncStore:
         """``key in store``: False for a key that cannot be stored, as in a dict."""
         return await self._call(self._store.__contains__, key)
 
-    def consumer(self, group: str, partitions: Iterable[int] | None = None) -> AsyncConsumer:
+    def consumer(self, group: str, partitions: Iterable[int] | None = None, *,
+                 hold_tombstones: bool = False) -> AsyncConsumer:
         """:meth:`kvlog.Store.consumer` for asyncio: a member of consumer group ``group`` whose
-        polls wait on the loop, holding no worker (see :class:`kvlog.aio.AsyncConsumer`)."""
+        polls wait on the loop, holding no worker (see :class:`kvlog.aio.AsyncConsumer`). A
+        tombstone hold is committed by the consumer's first call, in a worker, before it reads."""
         if self._closing:
             raise StoreClosedError("the store is closed")
+        sync = Consumer(self._store.log, group, partitions, hold_tombstones=hold_tombstones, defer_hold=True)
         return AsyncConsumer(
-            self._store.consumer(group, partitions), self._store.log, self._store.clock, call=self._call,
+            sync, self._store.log, self._store.clock, call=self._call,
             submit=lambda fn: self._executor.submit(self._job, fn, ()), closing=lambda: self._closing,
             closed=self._closed_event)
+
+    async def consumer_groups(self) -> list[GroupInfo]:
+        """:meth:`kvlog.Store.consumer_groups`: every consumer group, with lags and holds."""
+        return await self._call(self._store.consumer_groups)
+
+    async def delete_group(self, group: str) -> None:
+        """:meth:`kvlog.Store.delete_group`: forget a consumer group and its tombstone hold."""
+        await self._call(self._store.delete_group, group)
 
     async def end_offsets(self) -> dict[int, int]:
         """:meth:`kvlog.Store.end_offsets`: every partition's next offset, after reading the head."""

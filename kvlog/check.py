@@ -13,7 +13,7 @@ from kvlog.log import Log
 from kvlog.log.head import Head, read_head, storage_behind
 from kvlog.log.naming import LOG_PREFIX, commit_name
 from kvlog.log.reader import records_of_batch
-from kvlog.meta import CleanerState, GroupOffsets, LiveBatch, LiveFile
+from kvlog.meta import CleanerState, GroupOffsets, GroupState, LiveBatch, LiveFile
 
 __all__ = ["check_store", "log_stats"]
 
@@ -227,8 +227,17 @@ def log_stats(log: Log) -> dict[str, Any]:
     out["storage_requests"] = dict(log.storage.requests)
     out["storage_traffic"] = {kind: log.storage.traffic[kind] for kind in ("sent", "received", "fsyncs")}
     out["commit_latency"] = log.commit_latency().to_json()
-    out["consumer_groups"] = log.snapshot(
-        lambda r: _groups(GroupOffsets(r).every()))
+    now = log.clock.now_ms()
+
+    def groups(r: IndexReader) -> tuple[dict[str, dict[str, int]], dict[str, GroupState], dict[int, int]]:
+        table = GroupOffsets(r)
+        return _groups(table.every()), table.states(), table.holds(now)
+
+    out["consumer_groups"], states, holds = log.snapshot(groups)
+    # Tombstone holds: per partition, the offset from which on compaction keeps dead records,
+    # and each holding group's expiry (when it lapses unless the group commits again).
+    out["holds"] = {str(p): offset for p, offset in sorted(holds.items())}
+    out["holding_groups"] = {g: s.hold_expires_ms for g, s in sorted(states.items()) if s.holding(now)}
     return out
 
 

@@ -108,6 +108,12 @@ class StoreConfig:
     """Reads pick up other writers' commits at most this stale (0: check on every read)."""
     commit_retries: int = 50
     """How many times a commit is retried at a later version when other writers take it first."""
+    group_hold_max_ms: int = 7 * DAY_MS
+    """How long a consumer group's tombstone hold (``store.consumer(group, hold_tombstones=True)``)
+    outlives the group's last commit: past it, compaction removes the tombstones and expired
+    records the group has not read, as if it held none. A commit records the setting of the
+    process that made it. Disk cost: every tombstone and expired record at or after the
+    lagging group's offsets stays, with its key."""
     follow_interval_ms: int = 100
     """How often a waiter (a consumer's ``poll``) looks for other processes' commits (on a
     local root the kernel wakes it when the head is renamed; this is then a backstop)."""

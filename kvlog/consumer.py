@@ -7,6 +7,13 @@ stores the positions as the group's committed offsets *in the store itself*, thr
 commit log (as Kafka keeps them in ``__consumer_offsets``): they survive restarts and the
 collection of old commits, and other processes see them once they refresh.
 
+A consumer created with ``hold_tombstones=True`` makes its group hold tombstones: compaction
+keeps every tombstone and expired record at or after the group's committed offsets, so a
+consumer that lags past ``delete_retention_ms`` still reads every delete of a key it read
+(no "ghost keys"). The hold is committed when the consumer is created (at its starting
+positions) and lasts until ``group_hold_max_ms`` after the group's last commit, or until
+:func:`delete_group`. :func:`consumer_groups` lists the groups with their lags and holds.
+
 A consumer starts at the group's committed offset of each partition, else at the partition's
 start (Kafka's ``auto.offset.reset=earliest``). A position below the start (compacted away)
 resumes at the start; offsets compaction removed are skipped. A consumer idle while another
@@ -20,22 +27,80 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from types import TracebackType
 
-from kvlog.errors import InvalidRecordError, StoreClosedError
+from kvlog.errors import GroupNotFoundError, InvalidRecordError, StoreClosedError
 from kvlog.log import Log, Record
+from kvlog.log import group_offsets as offsets_commits
 from kvlog.log.group_offsets import check_group, check_offset, commit_offsets, committed_offsets
 from kvlog.log.waiting import check_timeout
+from kvlog.meta import GroupOffsets, GroupState, MetaReader
 
-__all__ = ["Consumer"]
+__all__ = ["Consumer", "GroupInfo", "consumer_groups", "delete_group"]
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """A consumer group as the store knows it (:meth:`kvlog.Store.consumer_groups`)."""
+
+    name: str
+    offsets: dict[int, int]
+    """The committed offset of each partition the group committed (the next offset it reads)."""
+    lag: dict[int, int]
+    """Per committed partition, the offsets between the committed offset and the end offset."""
+    last_commit_ms: int | None
+    """When the group last committed (ms since the epoch; None: unknown)."""
+    hold_expires_ms: int | None
+    """When the group's tombstone hold lapses unless it commits again (None: no hold)."""
+    holding: bool
+    """Whether the hold lasts now: compaction keeps the tombstones and expired records at or
+    after the group's offsets."""
+
+
+def consumer_groups(log: Log) -> list[GroupInfo]:
+    """Every consumer group of the store as this process's cache knows it, by name."""
+
+    def read(r: MetaReader) -> tuple[dict[str, dict[int, int]], dict[str, GroupState]]:
+        table = GroupOffsets(r)
+        return table.by_group(), table.states()
+
+    by_group, states = log.snapshot(read)
+    ends, begins = log.end_offsets(), log.begin_offsets()
+    now = log.clock.now_ms()
+    out = []
+    for name in sorted(set(by_group) | set(states)):
+        committed, state = by_group.get(name, {}), states.get(name)
+        out.append(GroupInfo(
+            name, committed, {p: max(0, ends[p] - max(o, begins[p])) for p, o in committed.items() if p in ends},
+            None if state is None else state.last_commit_ms,
+            None if state is None else state.hold_expires_ms,
+            state is not None and state.holding(now),
+        ))
+    return out
+
+
+def delete_group(log: Log, group: str) -> None:
+    """Forget ``group`` in every process: its committed offsets and its tombstone hold (after
+    reading the head). :class:`~kvlog.errors.GroupNotFoundError` when no such group exists."""
+    check_group(group)
+    log.refresh()
+    if not any(info.name == group for info in consumer_groups(log)):
+        raise GroupNotFoundError(f"no consumer group {group!r} in the store")
+    offsets_commits.delete_group(log, group)
 
 
 class Consumer:
     """A member of consumer group ``group`` reading ``partitions`` (all by default).
     Create with :meth:`kvlog.Store.consumer`."""
 
-    def __init__(self, log: Log, group: str, partitions: Iterable[int] | None = None) -> None:
+    def __init__(self, log: Log, group: str, partitions: Iterable[int] | None = None, *,
+                 hold_tombstones: bool = False, defer_hold: bool = False) -> None:
+        """``defer_hold``: commit the tombstone hold in the first call of another method rather
+        than here (:mod:`kvlog.aio` does, so its creation does no I/O on the event loop)."""
         log.check_open()
+        if type(hold_tombstones) is not bool:
+            raise InvalidRecordError(f"hold_tombstones must be True or False, not {hold_tombstones!r}")
         self._log = log
         self.group = check_group(group)
         if partitions is None:
@@ -51,14 +116,30 @@ class Consumer:
         self._lock = threading.RLock()
         self._closed = False
         self._next = 0  # the partition a poll reads first, so every partition gets its turn
+        #: Whether this consumer's group holds tombstones (committed with every :meth:`commit`).
+        self.hold_tombstones = hold_tombstones
+        self._hold_due = hold_tombstones
+        if hold_tombstones and not defer_hold:
+            log.refresh()  # the hold starts at the group's latest committed offsets
         committed = committed_offsets(log, self.group)
         self._positions = {p: committed[p] if p in committed else log.start_offset(p) for p in chosen}
+        if not defer_hold:
+            self._start_hold()
+
+    def _start_hold(self) -> None:
+        """Commit the group's tombstone hold at the positions, once, before any record is read:
+        from then on compaction keeps every dead record this consumer has still to read."""
+        if self._hold_due:
+            commit_offsets(self._log, self.group, dict(self._positions), hold_ms=self._log.config.group_hold_max_ms)
+            self._hold_due = False
 
     # -- helpers ----------------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError("the consumer is closed")
         self._log.check_open()
+        if self._hold_due:
+            self._start_hold()
 
     def _assigned(self, partition: int) -> int:
         if (not isinstance(partition, int) or isinstance(partition, bool)
@@ -195,12 +276,14 @@ class Consumer:
     def commit(self, offsets: Mapping[int, int] | None = None) -> None:
         """Store ``offsets`` (None: every position) as the group's committed offsets, durably,
         in the store (one commit); partitions not given keep theirs. Every partition and offset
-        is checked first. On a read-only store: :class:`~kvlog.errors.ReadOnlyError`."""
+        is checked first. A consumer that holds tombstones renews its group's hold. On a
+        read-only store: :class:`~kvlog.errors.ReadOnlyError`."""
         with self._lock:
             self._check_open()
             chosen = dict(self._positions) if offsets is None else self._checked(offsets)
             if chosen:  # nothing given: nothing to commit (no empty commit)
-                commit_offsets(self._log, self.group, chosen)
+                hold_ms = self._log.config.group_hold_max_ms if self.hold_tombstones else None
+                commit_offsets(self._log, self.group, chosen, hold_ms=hold_ms)
 
     def committed(self, partition: int) -> int | None:
         """The group's committed offset of ``partition`` as this process's cache knows it

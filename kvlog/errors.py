@@ -31,6 +31,7 @@ __all__ = [
     "StorageError",
     "CheckpointNotFoundError",
     "CheckpointExistsError",
+    "GroupNotFoundError",
 ]
 
 
@@ -125,6 +126,10 @@ class StorageError(KvlogError):
 
 class CheckpointNotFoundError(StoreNotFoundError):
     """No named checkpoint of that name exists in the store (see ``Store.checkpoints()``)."""
+
+
+class GroupNotFoundError(StoreNotFoundError):
+    """No consumer group of that name exists in the store (see ``Store.consumer_groups()``)."""
 
 
 class CheckpointExistsError(KvlogError):

@@ -130,6 +130,7 @@ class StoreCollector:
         yield from self._partitions(core, store, stats)
         yield from self._compaction(core, store, stats)
         yield self._lag(core, store, stats)
+        yield from self._holds(core, store, stats)
 
     @staticmethod
     def _partitions(core: Any, store: str, stats: dict[str, Any]) -> Iterator[Any]:
@@ -178,6 +179,23 @@ class StoreCollector:
                 position = max(offsets.get(partition, info["start_offset"]), info["start_offset"])
                 family.add_metric([store, group, partition], max(0, info["end_offset"] - position))
         return family
+
+
+    @staticmethod
+    def _holds(core: Any, store: str, stats: dict[str, Any]) -> Iterator[Any]:
+        offsets = core.GaugeMetricFamily("kvlog_tombstone_hold_offset",
+                                         "The offset from which on compaction keeps dead records for a "
+                                         "group that holds tombstones (absent: no hold).",
+                                         labels=["store", "partition"])
+        for partition, offset in stats["holds"].items():
+            offsets.add_metric([store, partition], offset)
+        yield offsets
+        expiry = core.GaugeMetricFamily("kvlog_consumer_group_hold_expiry_timestamp_seconds",
+                                        "When a group's tombstone hold lapses unless it commits again.",
+                                        labels=["store", "group"])
+        for group, expires_ms in stats["holding_groups"].items():
+            expiry.add_metric([store, group], expires_ms / 1000.0)
+        yield expiry
 
 
 def register(store: Store, registry: CollectorRegistry | None = None) -> StoreCollector:

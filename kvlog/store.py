@@ -33,7 +33,7 @@ from kvlog._native import active as native_active
 from kvlog.clock import Clock, IdSource
 from kvlog.compaction import CompactionReport, Compactor, check_compact_args
 from kvlog.config import KEY_BYTES_LIMIT, StoreConfig
-from kvlog.consumer import Consumer
+from kvlog.consumer import Consumer, GroupInfo, consumer_groups, delete_group
 from kvlog.errors import ConfigError, InvalidRecordError, ReadOnlyError, StoreClosedError
 from kvlog.index import STALE, IndexEntry, IndexReader, RecordExpired
 from kvlog.log import Log, open_log, pins_named
@@ -430,17 +430,12 @@ class Store(StoreMapping):
         from kvlog.check import log_stats
 
         out = log_stats(self.log)
-        flusher = self._flusher
-        out["memtable_keys"] = len(self._index.memtable)
-        out["unflushed_bytes"] = flusher.unflushed_bytes if flusher else 0
-        out["flushes"] = flusher.flushes if flusher else 0
-        out["records_flushed"] = flusher.records_flushed if flusher else 0
-        out["flush_error"] = flusher.last_error if flusher else None
-        out["producer_id"] = flusher.producer_id if flusher else None
-        out["producer_epoch"] = flusher.epoch if flusher else None
-        out["read_only"] = self.log.read_only
-        out["compaction"] = self._compactor.stats() if self._compactor else None
-        out["native"] = native_active()
+        f = self._flusher
+        out.update(memtable_keys=len(self._index.memtable), unflushed_bytes=f.unflushed_bytes if f else 0,
+                   flushes=f.flushes if f else 0, records_flushed=f.records_flushed if f else 0,
+                   flush_error=f.last_error if f else None, producer_id=f.producer_id if f else None,
+                   producer_epoch=f.epoch if f else None, read_only=self.log.read_only,
+                   compaction=self._compactor.stats() if self._compactor else None, native=native_active())
         return out
 
     def compact(self, *, force: bool = False, now_ms: int | None = None) -> CompactionReport:
@@ -469,11 +464,24 @@ class Store(StoreMapping):
         return disk_usage(self.log)
 
     # -- consumer groups and named checkpoints: kvlog.consumer, kvlog.log.pins_named -------------
-    def consumer(self, group: str, partitions: Iterable[int] | None = None) -> Consumer:
+    def consumer(self, group: str, partitions: Iterable[int] | None = None, *,
+                 hold_tombstones: bool = False) -> Consumer:
         """A consumer of ``partitions`` (all by default) in consumer group ``group``, starting
-        at the group's committed offsets (see :class:`kvlog.Consumer`)."""
+        at the group's committed offsets; ``hold_tombstones`` commits a tombstone hold for the
+        group (see :class:`kvlog.Consumer`)."""
         self._check_open()
-        return Consumer(self.log, group, partitions)
+        return Consumer(self.log, group, partitions, hold_tombstones=hold_tombstones)
+
+    def consumer_groups(self) -> list[GroupInfo]:
+        """Every consumer group, by name: committed offsets, lags, last commit, hold."""
+        self._check_open()
+        self._maybe_refresh()
+        return consumer_groups(self.log)
+
+    def delete_group(self, group: str) -> None:
+        """Forget consumer group ``group`` (offsets and tombstone hold) in every process."""
+        self._writer()
+        delete_group(self.log, group)
 
     def checkpoint(self, name: str) -> Checkpoint:
         """Flush, then keep the store as it is at this moment as the named checkpoint ``name``: in every
@@ -530,10 +538,9 @@ class Store(StoreMapping):
     def __del__(self) -> None:
         """A handle freed unclosed: warn (:class:`ResourceWarning`, like an unclosed file) and
         close it, flushing its buffered writes, in a thread of its own (the next open of a store
-        waits for it). Not here: the freeing thread may be anywhere, its own flusher thread
-        holding the buffer's lock, or LMDB's write lock, included. Not
-        in a forked child (the handle is its parent's), nor once the interpreter is finalizing
-        (the exit hook closed every handle then)."""
+        waits for it): the freeing thread may be anywhere, its own flusher thread holding the
+        buffer's lock, or LMDB's write lock, included. Not in a forked child (the handle is its
+        parent's), nor once the interpreter is finalizing (the exit hook closed every handle)."""
         if self.__dict__.get("_owner_pid") != os.getpid() or self._closed or sys.is_finalizing():
             return
         unclosed.close_when_freed(self)

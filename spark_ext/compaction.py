@@ -74,6 +74,8 @@ class Round:
 
     first_dirty: int
     first_uncleanable: int
+    hold: int | None = None
+    """The offset from which on consumer groups hold dead records (kept past their horizon)."""
 
 
 def task_bytes(total: int, cores: int) -> int:
@@ -273,7 +275,7 @@ class RewriteTask:
             gone = marks.between(REMOVED, b.partition, int(head[0]), int(head[-1]))
             if len(gone):
                 keep[np.searchsorted(head, gone)] = False
-        return retain(b, rb, offsets, keep, self.config, self.now_ms)
+        return retain(b, rb, offsets, keep, self.config, self.now_ms, spec.hold)
 
     def __call__(self, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         index = _task_index(ids)

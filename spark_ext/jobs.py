@@ -99,7 +99,7 @@ def _compact(spark: Any, the_log: Any, uri: str, storage_options: dict[str, Any]
     inputs = set(plan.input_files)
     # Only the plan's inputs: records appended since planning stay live as they are.
     input_batches = [b for items in batches.values() for b in items if b.file_id in inputs]
-    rounds = {p: Round(spec.first_dirty, spec.first_uncleanable) for p, spec in plan.clean.items()}
+    rounds = {p: Round(spec.first_dirty, spec.first_uncleanable, spec.hold) for p, spec in plan.clean.items()}
     cores = max(1, int(spark.sparkContext.defaultParallelism))
     report.kind = "spark"
     report.files_in = len(plan.input_files)
@@ -133,7 +133,7 @@ def _compact(spark: Any, the_log: Any, uri: str, storage_options: dict[str, Any]
         cleaner = {str(p): {"checkpoint": spec.first_uncleanable, "last_round_ms": now, "partial": False}
                    for p, spec in rounds.items()}
         outcome = commit_files(the_log, "replace", outputs, remove=plan.input_files,
-                               info={"cleaner": cleaner, "job": "spark"})
+                               info={"cleaner": cleaner, "job": "spark", "holds_at": plan.holds_at})
     finally:
         broadcast.destroy()
         # The job's files its commit does not make live (all of them when the commit is refused

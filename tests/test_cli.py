@@ -633,3 +633,21 @@ def test_python_dash_m_runs_the_command_line(module: str, tmp_path: Path) -> Non
                              capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     assert missing.returncode != 0 and "Traceback" not in missing.stderr
     assert len(missing.stderr.splitlines()) == 1
+
+
+def test_stats_summary_shows_groups_lags_and_holds(capsysbinary: pytest.CaptureFixture[bytes], tmp_path: Path) -> None:
+    path = str(tmp_path / "s")
+    with kvlog.open(path, partitions=2, background_compaction=False) as store:
+        for i in range(10):
+            store.put(f"k{i}", "v")
+        store.flush()
+        store.consumer("reader").commit({0: 1})
+        store.consumer("holder", hold_tombstones=True)
+        ends = store.end_offsets()
+    code, out, err = call(capsysbinary, "stats", path)
+    text = out.decode()
+    assert (code, err) == (0, ""), err
+    assert "groups       2\n" in text
+    assert f"  holder: lag {sum(ends.values())}, holds tombstones (lapses in 7 days)\n" in text
+    assert f"  reader: lag {ends[0] - 1}\n" in text
+    assert "  held from: partition 0 offset 0, partition 1 offset 0\n" in text

@@ -70,6 +70,25 @@ def _compaction(compaction: Mapping[str, Any] | None, now_ms: int) -> list[str]:
     return lines
 
 
+def _groups(stats: Mapping[str, Any], now_ms: int) -> list[str]:
+    """A line per consumer group: its lag (summed over partitions) and its tombstone hold."""
+    groups: Mapping[str, Mapping[str, int]] = stats.get("consumer_groups") or {}
+    if not groups:
+        return ["groups       none"]
+    parts = {str(p["partition"]): p for p in stats["partition_stats"]}
+    holding: Mapping[str, int] = stats.get("holding_groups") or {}
+    lines = [f"groups       {len(groups)}"]
+    for name, offsets in sorted(groups.items()):
+        lag = sum(max(0, parts[p]["end_offset"] - max(o, parts[p]["start_offset"]))
+                  for p, o in offsets.items() if p in parts)
+        hold = f", holds tombstones (lapses {age(holding[name], now_ms)})" if name in holding else ""
+        lines.append(f"  {name}: lag {lag}{hold}")
+    held = stats.get("holds") or {}
+    if held:
+        lines.append("  held from: " + ", ".join(f"partition {p} offset {o}" for p, o in held.items()))
+    return lines
+
+
 def _disk(disk: Mapping[str, int]) -> list[str]:
     """Two lines: the store's bytes on disk by what holds them, then the cache's by its pages."""
     return [
@@ -106,6 +125,7 @@ def render_stats(stats: Mapping[str, Any], now_ms: int, *, min_dirty_ratio: floa
     if stats.get("flush_error"):
         lines.append(f"flush error  {stats['flush_error']}")
     lines.extend(_compaction(stats.get("compaction"), now_ms))
+    lines.extend(_groups(stats, now_ms))
     rows = [["partition", "offsets", "records", "data", "dirty", "last cleaned"]]
     for p in stats["partition_stats"]:
         ratio = float(p.get("dirty_ratio", 0.0))

@@ -417,7 +417,7 @@ def run_job(
                             result.partial = True
                         result.checkpoints[partition] = round_end
                         cleaning = _Round(spec.first_dirty, round_end, latest, offset_map, seed,
-                                          reused=partition != last_cleaned)
+                                          reused=partition != last_cleaned, hold=spec.hold)
                         if cleaning.reused and not any(b.base < spec.first_dirty for b in batches):
                             cleaning.map_free.set()  # no clean section: pass 2 never reads the map
                         map_in_use = cleaning.map_free
@@ -455,6 +455,8 @@ class _Round:
     """Whether a later partition's pass 1 takes the map over (its pages then stay resident)."""
     map_free: threading.Event = field(default_factory=threading.Event)
     """Set once pass 2 no longer reads the map (the next partition's pass 1 may then use it)."""
+    hold: int | None = None
+    """The offset from which on consumer groups hold dead records (see :mod:`kvlog.compaction.survivors`)."""
 
     def latest_in(self, first: int, last: int) -> np.ndarray:
         """The absolute offsets of latest records within ``first..last`` (both in the dirty range)."""

@@ -71,6 +71,9 @@ class CleanSpec:
     first_uncleanable: int
     reason: str
     dirty_ratio: float
+    hold: int | None = None
+    """The offset from which on consumer groups hold dead records (tombstones and expired
+    records): the round keeps them whatever their delete horizon. None: no hold."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,9 @@ class Plan:
     input_files: tuple[str, ...]
     output_level: int
     clean: Mapping[int, CleanSpec] = field(default_factory=dict)
+    holds_at: int = 0
+    """The version the tombstone holds were read at: the job's commit is refused if a hold
+    started or moved back after it."""
 
 
 def partition_state(
@@ -107,7 +113,7 @@ def partition_state(
 
 def _eligible(
     partition: int, batches: Sequence[BatchInfo], checkpoint: int, end_offset: int,
-    config: StoreConfig, now_ms: int, force: bool,
+    config: StoreConfig, now_ms: int, force: bool, hold: int | None,
 ) -> CleanSpec | None:
     first_dirty, first_uncleanable, _clean, dirty, ratio = partition_state(
         batches, checkpoint, end_offset, config, now_ms
@@ -115,7 +121,7 @@ def _eligible(
     has_dirty = dirty > 0 and first_dirty < first_uncleanable
 
     def spec(reason: str) -> CleanSpec:
-        return CleanSpec(partition, first_dirty, first_uncleanable, reason, ratio)
+        return CleanSpec(partition, first_dirty, first_uncleanable, reason, ratio, hold)
 
     if has_dirty and ratio > config.min_cleanable_dirty_ratio:
         return spec("dirty_ratio")
@@ -140,12 +146,16 @@ def plan_compaction(
     *,
     force: bool = False,
     skip_partitions: Iterable[int] = (),
+    holds: Mapping[int, int] | None = None,
+    holds_at: int = 0,
 ) -> Plan | None:
     """The next job, or None when there is nothing to do.
 
     ``skip_partitions`` (partitions failing and backing off) are never cleaned, and
-    no job takes a file that holds one of their batches.
+    no job takes a file that holds one of their batches. ``holds``: per partition, the offset
+    from which on consumer groups hold dead records, as read at version ``holds_at``.
     """
+    holds = holds or {}
     ordered = sorted(files, key=lambda f: f.order)
     by_partition: dict[int, list[BatchInfo]] = {}
     for b in batches:
@@ -158,11 +168,12 @@ def plan_compaction(
     for p, items in sorted(by_partition.items()):
         if p in skip:
             continue
-        found = _eligible(p, items, checkpoints.get(p, 0), end_offsets.get(p, 0), config, now_ms, force)
+        found = _eligible(p, items, checkpoints.get(p, 0), end_offsets.get(p, 0), config, now_ms, force,
+                          holds.get(p))
         if found is not None:
             clean[p] = found
     if clean and not blocked:
-        return Plan("clean", tuple(f.file_id for f in ordered), 2, clean)
+        return Plan("clean", tuple(f.file_id for f in ordered), 2, clean, holds_at)
     # A merge takes a contiguous run of L0 files in commit order: skipping a blocked file (or
     # a higher-level one) would interleave the run's offset ranges with the skipped file's.
     runs: list[list[FileInfo]] = [[]]

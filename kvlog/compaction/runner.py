@@ -33,7 +33,7 @@ from kvlog.format.commit import BatchEntry, Commit, FileEntry
 from kvlog.log import Log
 from kvlog.log.naming import LOG_PREFIX, data_file_name
 from kvlog.memory import release_unused_memory
-from kvlog.meta import CleanerState, LiveBatch, MetaReader
+from kvlog.meta import CleanerState, GroupOffsets, LiveBatch, MetaReader
 from kvlog.progress import progress
 from kvlog.storage.base import BytesLike
 
@@ -79,6 +79,19 @@ SPILL_DIR = "compaction-spill"
 STALE_SPILL_MS = 24 * 3600 * 1000
 
 
+@dataclass(frozen=True)
+class _Catalog:
+    """What planning reads of the catalog, in one snapshot."""
+
+    files: list[FileInfo]
+    batches: dict[int, list[LiveBatch]]
+    checkpoints: dict[int, int]
+    ends: dict[int, int]
+    holds: dict[int, int]
+    """Per partition, the offset from which on consumer groups hold dead records."""
+    version: int
+
+
 def _map_bytes_for(plan: Plan, batches: dict[int, list[LiveBatch]], config: StoreConfig) -> int:
     """The offset map a job needs: ``offset_map_bytes``, or less when no partition's dirty range
     holds that many records (a pass maps at most one key per record)."""
@@ -122,8 +135,7 @@ class Compactor:
         self._thread: threading.Thread | None = None
 
     # -- planning -----------------------------------------------------------------------------------
-    def _snapshot(self, r: MetaReader) -> tuple[list[FileInfo], dict[int, list[LiveBatch]], dict[int, int],
-                                                dict[int, int]]:
+    def _snapshot(self, r: MetaReader, now_ms: int) -> _Catalog:
         # An inline file whose commit is a checkpoint interval old is due to move into a data
         # file: commit GC keeps its commit, and every commit after it, while it is live.
         due = r.version() - self._config.checkpoint_interval
@@ -133,23 +145,23 @@ class Compactor:
         batches = {p: list(r.iter_batches(p, 0)) for p in range(self._log.partitions)}
         checkpoints = {p: _checkpoint_of(r.get_cleaner(p)) for p in range(self._log.partitions)}
         ends = {p: r.partition_end(p) for p in range(self._log.partitions)}
-        return files, batches, checkpoints, ends
+        return _Catalog(files, batches, checkpoints, ends, GroupOffsets(r).holds(now_ms), r.version())
 
     def plan(self, now_ms: int, *, force: bool = False) -> tuple[Plan | None, dict[int, list[LiveBatch]]]:
         """The next job at ``now_ms`` and the live batches it reads, per partition."""
-        files, batches, checkpoints, ends = self._log.snapshot(self._snapshot)
+        at = self._log.snapshot(lambda r: self._snapshot(r, now_ms))
         infos = [
             BatchInfo(b.partition, b.file_id, b.base, b.last, b.data_bytes, b.min_timestamp,
                       b.max_timestamp, b.horizon_ms)
-            for items in batches.values() for b in items
+            for items in at.batches.values() for b in items
         ]
         skip = [p for p, f in self.failures.items() if f["retry_at_ms"] > now_ms]
-        plan = plan_compaction(files, infos, checkpoints, ends, self._config, now_ms, force=force,
-                               skip_partitions=skip)
+        plan = plan_compaction(at.files, infos, at.checkpoints, at.ends, self._config, now_ms, force=force,
+                               skip_partitions=skip, holds=at.holds, holds_at=at.version)
         if plan is None:
             return None, {}
         inputs = set(plan.input_files)
-        chosen = {p: [b for b in items if b.file_id in inputs] for p, items in batches.items()}
+        chosen = {p: [b for b in items if b.file_id in inputs] for p, items in at.batches.items()}
         return plan, {p: items for p, items in chosen.items() if items}
 
     # -- running ------------------------------------------------------------------------------------
@@ -228,7 +240,8 @@ class Compactor:
 
         def build(version: int) -> Commit:
             return Commit(version, commit_id, self._clock.now_ms(), "replace", add=tuple(result.outputs),
-                          remove=plan.input_files, info={"cleaner": cleaner, "job": plan.kind})
+                          remove=plan.input_files,
+                          info={"cleaner": cleaner, "job": plan.kind, "holds_at": plan.holds_at})
 
         outcome = self._log.commit(build)
         report.kind = plan.kind

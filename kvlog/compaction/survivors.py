@@ -7,6 +7,13 @@ the round's time has reached: both still supersede every older record of their k
 same pass removes, so they are kept, stamped with ``now + delete_retention_ms`` the first time a
 round keeps them, and removed by a round at or after that horizon. Records at or beyond the
 round's end are kept as they are.
+
+A consumer group that holds tombstones (``store.consumer(group, hold_tombstones=True)``) keeps
+every dead record at or after its committed offset whatever the horizon: a group that lags
+behind ``delete_retention_ms`` still reads every delete. A batch whose horizon has passed but
+that keeps such a record is stamped again (``now + delete_retention_ms``), so it is looked at
+once a retention period, not by every round: a held record goes by the first round after the
+hold has moved past it and its new horizon has passed.
 """
 
 from __future__ import annotations
@@ -62,14 +69,15 @@ def select(batch: LiveBatch, record_batch: pa.RecordBatch, offsets: np.ndarray, 
         if len(alive):
             dense = int(offsets[-1]) - int(offsets[0]) + 1 == n
             keep[alive - int(offsets[0]) if dense else np.searchsorted(offsets[:cleaned_end], alive)] = True
-    return retain(batch, record_batch, offsets, keep, config, now_ms)
+    return retain(batch, record_batch, offsets, keep, config, now_ms, cleaning.hold)
 
 
 def retain(batch: LiveBatch, record_batch: pa.RecordBatch, offsets: np.ndarray, keep: np.ndarray,
-           config: StoreConfig, now_ms: int) -> Kept:
+           config: StoreConfig, now_ms: int, hold: int | None = None) -> Kept:
     """The survivors of one batch given which records of its cleaned range are the latest of
     their key: ``keep`` covers the first ``len(keep)`` records (those below the round's end) and
-    is narrowed here, in place, by the delete-horizon rule; the records after them are kept as they are.
+    is narrowed here, in place, by the delete-horizon rule, except dead records at or after
+    ``hold`` (a consumer group's tombstone hold); the records after them are kept as they are.
 
     The one home of the retention rule: the local cleaner's pass 2 (:func:`select`) and Spark's
     exact compaction (which finds the latest records through a shuffle on the real keys) both
@@ -89,13 +97,17 @@ def retain(batch: LiveBatch, record_batch: pa.RecordBatch, offsets: np.ndarray, 
     tombstone = ~valid_mask(values)[:cleaned_end] if values.null_count else None
     expired = expired_rows(record_batch, cleaned_end, now_ms)
     dead = tombstone if expired is None else expired if tombstone is None else tombstone | expired
+    # The latest time a commit records: a horizon past it never passes either.
+    stamp = min(now_ms + config.delete_retention_ms, 2**63 - 1)
     if dead is not None:
         if (dead & keep).any():
             if horizon is not None and now_ms >= horizon:
-                keep &= ~dead
+                held = int(np.searchsorted(offsets[:cleaned_end], hold)) if hold is not None else cleaned_end
+                keep[:held] &= ~dead[:held]
+                if (dead[held:] & keep[held:]).any():
+                    new_horizon = stamp  # held past the horizon: stamped again, not looked at for a while
             elif horizon is None:
-                # The latest time a commit records: a horizon past it never passes either.
-                new_horizon = min(now_ms + config.delete_retention_ms, 2**63 - 1)
+                new_horizon = stamp
         if tombstone is not None:
             tombstones_removed = int(np.count_nonzero(tombstone & ~keep))
         if expired is not None:

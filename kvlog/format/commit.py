@@ -12,7 +12,9 @@ A commit is one of three kinds:
     compaction output: removes input files and adds files whose batches carry
     explicit offsets (``base``/``last``) and, where records were removed, the
     present offsets as a roaring bitmap relative to ``base``. Refused at apply
-    time when an input is no longer live.
+    time when an input is no longer live. A cleaning round's ``info`` names the version
+    it read the consumer groups' tombstone holds at (``holds_at``); it is refused when a
+    hold started or moved back after that version.
 ``producer``
     registers a producer epoch (opening a store for writing bumps its epoch,
     fencing an older holder); accepted only if the epoch is newer than the
@@ -23,7 +25,9 @@ A commit is one of three kinds:
     never make live a file that GC took, however slow its writer was.
 ``offsets``
     a consumer group's committed offsets (``info``: ``group`` and ``offsets``, partition ->
-    next offset to read); the later commit of a group wins.
+    next offset to read); the later commit of a group wins. ``hold_ms`` asks that compaction
+    keep the tombstones and expired records at or after the group's offsets until that long
+    after the group's last commit; ``delete: true`` (with no offsets) forgets the group.
 ``pin`` / ``unpin``
     create or delete a named checkpoint (``info``: ``name``; a pin also ``version``, the
     version it keeps, and ``paths``, the data files live there). Replay refuses a pin of

@@ -30,6 +30,7 @@ from kvlog.meta import (
     CleanerState,
     EncodedRow,
     GroupOffsets,
+    GroupState,
     LiveBatch,
     LiveFile,
     MetaReader,
@@ -220,6 +221,8 @@ def _checkpoint_body(r: MetaReader, known: dict[str, dict[bytes, EncodedRow]]) -
         "condemned": dict(r.iter_condemned()),
         "cleaner": {str(p): state.to_json() for p, state in r.iter_cleaner()},
         "offsets": [[g, p, o] for g, p, o in GroupOffsets(r).every()],
+        "groups": {g: state.to_json() for g, state in GroupOffsets(r).states().items()},
+        "holds_changed": GroupOffsets(r).holds_changed(),
         "pins": {pin.name: pin.to_json() for pin in NamedPins(r).every()},
     }
     return small, b"{" + b",".join(files) + b"}", b"[" + b",".join(batches) + b"]", seen
@@ -256,6 +259,10 @@ def _load_checkpoint_body(meta: MetaTxn, name: str, body: dict[str, Any]) -> Non
         offsets = GroupOffsets(meta)
         for group, p, offset in body.get("offsets", []):
             offsets.put(str(group), int(p), int(offset))
+        for group, state in body.get("groups", {}).items():
+            offsets.put_state(str(group), GroupState.from_json(state))
+        if body.get("holds_changed"):
+            offsets.set_holds_changed(int(body["holds_changed"]))
         pins = NamedPins(meta)
         for pin_name, pin in body.get("pins", {}).items():
             pins.put(NamedPin.from_json(str(pin_name), pin))

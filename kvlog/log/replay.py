@@ -36,7 +36,7 @@ from kvlog.errors import CorruptDataError, KvlogError, ProducerError
 from kvlog.format.commit import BatchEntry, Commit, FileEntry
 from kvlog.format.producer_state import BatchMeta, ProducerState
 from kvlog.index import index_batches
-from kvlog.log.group_offsets import apply_offsets
+from kvlog.log.group_offsets import apply_offsets, holds_changed_after
 from kvlog.log.naming import commit_name
 from kvlog.log.pins_named import apply_pin, pinned_paths
 from kvlog.log.producers import (
@@ -97,7 +97,7 @@ def apply_commit(
             _check_not_collected(txn, commit)
             outcome = CommitOutcome(commit.version, batches=_apply_replace(txn, commit, settings, now))
         elif commit.kind == "offsets":
-            _refuse_if(apply_offsets(txn, commit))
+            _refuse_if(apply_offsets(txn, commit, now))
             outcome = CommitOutcome(commit.version)
         elif commit.kind in ("pin", "unpin"):
             _refuse_if(apply_pin(txn, commit))
@@ -223,6 +223,8 @@ def _live_file(file: FileEntry, batches: list[tuple[int, int]], version: int, or
 
 
 def _apply_replace(txn: MetaTxn, commit: Commit, settings: ApplySettings, now: int) -> tuple[BatchOutcome, ...]:
+    if commit.info.get("cleaner"):  # a cleaning round: it may have removed tombstones
+        _refuse_if(holds_changed_after(txn, commit.info))
     inputs = []
     for file_id in commit.remove:
         entry = txn.get_file(file_id)

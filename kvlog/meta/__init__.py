@@ -3,7 +3,7 @@ the only package that imports lmdb but for :mod:`kvlog.index`, which keeps its k
 
 from kvlog.meta.cache import EncodedRow, MetaReader, MetaTxn, batch_key, encoded_json
 from kvlog.meta.env import DB_NAMES, LmdbEnv, acquire_env, release_env, reset_env
-from kvlog.meta.group_offsets import GroupOffsets
+from kvlog.meta.group_offsets import GroupOffsets, GroupState, holds_of
 from kvlog.meta.named_pins import NamedPin, NamedPins
 from kvlog.meta.records import (
     BatchOutcome,
@@ -15,6 +15,6 @@ from kvlog.meta.records import (
 )
 
 __all__ = [
-    "DB_NAMES", "BatchOutcome", "EncodedRow", "batch_key", "encoded_json", "GroupOffsets", "NamedPin", "NamedPins", "CleanerState", "CommitOutcome", "LiveBatch", "LiveFile", "LmdbEnv",
+    "DB_NAMES", "BatchOutcome", "EncodedRow", "batch_key", "encoded_json", "GroupOffsets", "GroupState", "holds_of", "NamedPin", "NamedPins", "CleanerState", "CommitOutcome", "LiveBatch", "LiveFile", "LmdbEnv",
     "MetaReader", "MetaTxn", "Refusal", "acquire_env", "release_env", "reset_env",
 ]

@@ -16,6 +16,8 @@ Databases (all rebuildable from the storage root):
               that GC deletes; no later commit may make it live)
 ``offsets``   (consumer group, partition) -> the group's committed offset
               (:mod:`kvlog.meta.group_offsets`)
+``groups``    consumer group -> its last commit time and whether it holds tombstones
+              (:mod:`kvlog.meta.group_offsets`)
 ``pins``      named checkpoint -> the version it pins and the data files live there
               (:mod:`kvlog.meta.named_pins`)
 

@@ -57,7 +57,7 @@ T = TypeVar("T")
 DB_NAMES = (
     "meta", "files", "batches", "parts", "producers", "outcomes", "pending", "index", "runs", "cleaner",
     "condemned", "expiries",
-    "offsets", "pins",
+    "offsets", "groups", "pins",
 )
 
 _registry: dict[str, tuple[LmdbEnv, int]] = {}
@@ -77,10 +77,10 @@ _LMDB_FILES = ("data.mdb", "lock.mdb")
 #: index entries may carry an expiry, with a sealed row in ``expiries`` (see
 #: kvlog.index.expiries). A cache of another layout is emptied when it is opened and rebuilt
 #: from storage.
-CACHE_LAYOUT = b"4"
+CACHE_LAYOUT = b"5"
 #: Databases whose values are sealed: checked by every read and by the check at open.
 SEALED_DBS = ("meta", "files", "batches", "parts", "producers", "outcomes", "cleaner",
-              "offsets", "pins", "expiries")
+              "offsets", "groups", "pins", "expiries")
 _SEAL = struct.Struct(">I")
 #: Checks the structure of a whole cache file mapped in memory: every page of its B-trees and
 #: every value it can check; None if whole, else the first damage found.

@@ -398,6 +398,31 @@ def test_an_async_consumer_reads_seeks_commits_and_reports_lag_as_the_sync_one(t
     run(main())
 
 
+def test_an_async_consumer_holds_tombstones_from_its_first_call_and_groups_are_listed_and_deleted(
+        tmp_path: Path) -> None:
+    """Creating the consumer commits nothing on the loop; its first call commits the hold, in a
+    worker, before it reads. ``consumer_groups`` and ``delete_group`` are the sync ones."""
+
+    async def main() -> None:
+        async with _open(tmp_path / "s") as store:
+            await store.put("a", "1")
+            await store.flush()
+            version = store.sync.log.version
+            consumer = store.consumer("held", hold_tombstones=True)
+            assert store.sync.log.version == version and await store.consumer_groups() == []
+            assert [r.key for r in await consumer.poll(timeout_s=0)] == [b"a"]
+            info, = await store.consumer_groups()
+            assert info.name == "held" and info.holding and info.offsets == {0: 0, 1: 0, 2: 0}
+            await store.delete_group("held")
+            assert await store.consumer_groups() == []
+            with pytest.raises(kvlog.GroupNotFoundError):
+                await store.delete_group("held")
+            with pytest.raises(kvlog.InvalidRecordError):
+                store.consumer("g", hold_tombstones="yes")  # type: ignore[arg-type]
+
+    run(main())
+
+
 def test_an_async_poll_waits_on_the_loop_for_another_processes_commit_holding_no_worker(
         tmp_path: Path) -> None:
     """One worker, a follow interval of ten minutes: a poll waiting for records leaves the worker

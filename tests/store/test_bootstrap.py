@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import subprocess
+import time
 from typing import Any
 
 import pytest
@@ -74,3 +75,41 @@ def test_a_snapshot_plus_its_tail_is_the_store_while_another_process_writes(
         if writer.poll() is None:
             writer.kill()
             writer.communicate()
+
+
+def test_a_lagging_group_that_holds_tombstones_misses_no_delete_while_another_process_compacts(
+        root: Root) -> None:
+    """A group that holds tombstones reads slowly (a few records a poll, committing each time)
+    while a writer process puts, deletes, writes records with a time to live and compacts with
+    ``delete_retention_ms=0``: its view, built from the whole changelog, ends with exactly the
+    store's keys."""
+    with root.open(partitions=3, **QUIET) as store:
+        store.put("k000", "first")
+    spec = root.spec(cache="writer", seed=7, writes=1500 if root.kind == "local" else 400, keys=60)
+    with root.open(cache="reader", **QUIET) as reader:
+        consumer = reader.consumer("slow", hold_tombstones=True)
+        writer = subprocess.Popen(python_script("bootstrap_proc.py"), env=child_env(spec), text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            view: dict[bytes, bytes] = {}
+            while True:
+                records = consumer.poll(timeout_s=0.05, max_records=5)
+                for record in records:
+                    if record.value is None:
+                        view.pop(record.key, None)
+                    else:
+                        view[record.key] = record.value
+                consumer.commit()
+                if writer.poll() is None:
+                    time.sleep(0.02)  # slower than the writer: the group lags behind its compactions
+                elif not records and consumer.caught_up():
+                    break
+            out, err = writer.communicate(timeout=600)
+            assert writer.returncode == 0, err[-4000:]
+        finally:
+            if writer.poll() is None:
+                writer.kill()
+                writer.communicate()
+    with root.open(cache="check", read_only=True) as check:
+        expected = dict(check.scan())
+    assert {k: v for k, v in view.items() if not v.startswith(b"ttl1-")} == expected

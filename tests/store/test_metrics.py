@@ -98,3 +98,24 @@ def test_the_command_line_prints_the_text_format(capsys: pytest.CaptureFixture[s
         main(["stats", path, "--prometheus", "--json"])
     assert stopped.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_holds_are_exported_per_partition_and_per_group(tmp_path: Path) -> None:
+    clock = kvlog.ManualClock(2_000_000)
+    with kvlog.open(tmp_path / "s", clock=clock, group_hold_max_ms=60_000, **QUIET) as store:
+        for i in range(6):
+            store.put(f"k{i}", "v")
+        store.flush()
+        got = _samples(kvlog.metrics.text(store))
+        assert not any(name.startswith("kvlog_tombstone_hold") for name, _labels in got)
+        holder = store.consumer("holder", hold_tombstones=True)
+        holder.poll(timeout_s=0, max_records=3)
+        holder.commit()
+        positions = {p: holder.position(p) for p in (0, 1)}
+        got = _samples(kvlog.metrics.text(store))
+        for p in (0, 1):
+            assert got[("kvlog_tombstone_hold_offset", (("partition", str(p)),))] == positions[p]
+        assert got[("kvlog_consumer_group_hold_expiry_timestamp_seconds", (("group", "holder"),))] == 2_060.0
+        clock.advance(60_000)  # lapsed: no hold any more
+        got = _samples(kvlog.metrics.text(store))
+        assert not any(name.startswith("kvlog_tombstone_hold") or "hold_expiry" in name for name, _labels in got)
