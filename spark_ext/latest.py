@@ -5,7 +5,8 @@ shuffle. A partition of more than :data:`LATEST_SPLIT_BYTES` stored bytes is spl
 ``n`` shares by a hash of the key (the 96-bit fingerprint the compactor uses, high word
 modulo ``n``): each share is one Spark input partition, reads the partition's batches and
 keeps the keys that hash to it, so a task holds at most about a split's worth of keys and a
-large partition is read by several tasks at once.
+large partition is read by several tasks at once. Option ``minPartitions`` raises the number of
+shares (:func:`spark_ext.splits.latest_share_counts`).
 
 A share's read has two passes over its batches. Pass 1 decodes the keys alone (only the key
 buffers are decompressed) and finds, with one Arrow hash aggregation over the real keys
@@ -31,7 +32,7 @@ from kvlog.format.datafile import decode_batch
 from kvlog.log import LiveBatch
 from spark_ext.schemas import LATEST_ARROW, expires_column
 
-__all__ = ["LATEST_SPLIT_BYTES", "MAX_SHARES", "LatestShare", "latest_shares", "read_latest"]
+__all__ = ["LATEST_SPLIT_BYTES", "MAX_SHARES", "LatestShare", "latest_shares", "read_latest", "share_count"]
 
 #: A kvlog partition of more stored bytes than this is read by several tasks (key-hash shares).
 LATEST_SPLIT_BYTES = 256 * 2**20
@@ -50,10 +51,17 @@ class LatestShare:
     of: int = 1
 
 
-def latest_shares(batches: Sequence[LiveBatch], split_bytes: int = LATEST_SPLIT_BYTES) -> list[LatestShare]:
-    """The shares of one kvlog partition's live batches: one, or more past ``split_bytes``."""
+def share_count(batches: Sequence[LiveBatch], split_bytes: int = LATEST_SPLIT_BYTES) -> int:
+    """How many shares one kvlog partition's live batches are read in: one, or more past ``split_bytes``."""
     total = sum(b.length for b in batches)
-    n = max(1, min(MAX_SHARES, math.ceil(total / max(1, split_bytes))))
+    return max(1, min(MAX_SHARES, math.ceil(total / max(1, split_bytes))))
+
+
+def latest_shares(batches: Sequence[LiveBatch], split_bytes: int = LATEST_SPLIT_BYTES, *,
+                  shares: int | None = None) -> list[LatestShare]:
+    """The shares of one kvlog partition's live batches: :func:`share_count` of them, or
+    ``shares`` (``minPartitions``, :func:`spark_ext.splits.latest_share_counts`)."""
+    n = share_count(batches, split_bytes) if shares is None else max(1, min(MAX_SHARES, shares))
     ordered = tuple(sorted(batches, key=lambda b: b.base))
     return [LatestShare(ordered, i, n) for i in range(n)]
 

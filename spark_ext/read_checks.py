@@ -2,8 +2,9 @@
 
 :func:`check_read` runs when a read is analysed (``.load()``): a checkpoint name
 the store does not have is :class:`~kvlog.errors.CheckpointNotFoundError`, offsets
-of a partition it does not have a :class:`~kvlog.errors.ConfigError`. A read
-without those options does not open the store before it is planned.
+or times (``startingOffsetsByTimestamp``, ...) of a partition it does not have a
+:class:`~kvlog.errors.ConfigError`. A read without those options does not open the
+store before it is planned.
 
 :func:`check_user_schema` refuses ``spark.read.schema(...)``: a view's columns
 are fixed. PySpark hands a Python data source the user's schema in
@@ -17,7 +18,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from kvlog.errors import ConfigError
-from spark_ext.read_options import ReadOptions, offset_ranges
+from spark_ext.read_options import ReadOptions, check_partitions
 from spark_ext.reader import live_batches
 from spark_ext.schemas import (
     LATEST_ARROW,
@@ -32,17 +33,14 @@ __all__ = ["check_read", "check_user_schema", "view_schema"]
 
 
 def check_read(options: ReadOptions) -> None:
-    """Open the store at the read's checkpoint and resolve its offsets, when it has either."""
-    if options.checkpoint is None and not any(
-            spec is not None and spec.partitions for spec in (options.starting_offsets, options.ending_offsets)):
+    """Open the store at the read's checkpoint and check the partitions its offsets and times
+    name, when it has either. (A time is resolved to an offset when the read is planned:
+    that may read a data file, which analysing a read does not.)"""
+    if options.checkpoint is None and not options.names_partitions:
         return
-    _version, count, batches = live_batches(options.uri, options.storage, options.cache_dir,
-                                            checkpoint=options.checkpoint)
-    if options.has_offsets:
-        ends: dict[int, int] = {}
-        for b in batches:
-            ends[b.partition] = max(ends.get(b.partition, 0), b.last + 1)
-        offset_ranges(options, count, ends)
+    _version, count, _batches = live_batches(options.uri, options.storage, options.cache_dir,
+                                             checkpoint=options.checkpoint)
+    check_partitions(options, count)
 
 
 def view_schema(options: ReadOptions) -> str:

@@ -3,11 +3,14 @@
 Planning happens on the driver at one commit version (the newest, or the one
 a named checkpoint keeps: option ``checkpoint``): the driver opens the store,
 lists the live batches, leases their files (below), drops those the pushed filters and the
-offsets options rule out (:mod:`spark_ext.pushdown`), and hands each input partition the
-batches it reads (view ``log``: one input partition per data file, read with
+offsets options rule out (:mod:`spark_ext.pushdown`; times of the ``...ByTimestamp``
+options are first resolved to offsets, :mod:`spark_ext.by_timestamp`), and hands each input
+partition the batches it reads (view ``log``: one input partition per data file, read with
 one GET; view ``latest``: one per kvlog partition, since a key's records all
 live in one partition, or several key-hash shares of a large one, see
-:mod:`spark_ext.latest`). Executors read Arrow batches themselves and yield
+:mod:`spark_ext.latest`). Option ``minPartitions`` asks for more: view ``log`` then cuts the
+kvlog partitions' offset ranges into slices, view ``latest`` reads more key-hash shares
+(:mod:`spark_ext.splits`). Executors read Arrow batches themselves and yield
 ``pyarrow.RecordBatch`` of exactly the declared schema, without the rows the
 pushed key and offset filters rule out.
 
@@ -34,11 +37,19 @@ from kvlog.format.bitmap import decode_offsets
 from kvlog.format.datafile import decode_batch
 from kvlog.log import LiveBatch, leases, open_log
 from kvlog.storage import Storage, open_storage
-from spark_ext.latest import LATEST_SPLIT_BYTES, LatestShare, latest_shares, read_latest
+from spark_ext.by_timestamp import batch_reader, resolve_times
+from spark_ext.latest import (
+    LATEST_SPLIT_BYTES,
+    LatestShare,
+    latest_shares,
+    read_latest,
+    share_count,
+)
 from spark_ext.options import driver_cache_dir, storage_options_from, store_uri
 from spark_ext.pushdown import Pruning, Ranges
 from spark_ext.read_options import offset_ranges, parse_read_options
 from spark_ext.schemas import LOG_ARROW, LOG_INTERNAL_ARROW, expires_column
+from spark_ext.splits import Slice, latest_share_counts, split_ranges
 
 __all__ = ["KvlogPartition", "KvlogReader", "leased_batches", "live_batches", "read_batches"]
 
@@ -109,7 +120,8 @@ def read_batches(storage: Any, batches: Sequence[LiveBatch], *, whole_file: bool
 
 class KvlogPartition(InputPartition):
     """The batches one task reads (``value``), and the offsets to read of each partition
-    when the read has ``startingOffsets``/``endingOffsets``."""
+    when the read has ``startingOffsets``/``endingOffsets`` (or their ByTimestamp forms), or
+    of its one partition when it is a slice of ``minPartitions``."""
 
     def __init__(self, value: list[LiveBatch] | LatestShare, ranges: Ranges | None = None, whole_file: bool = True,
                  lease_ms: int = 0) -> None:
@@ -155,7 +167,14 @@ class KvlogReader(DataSourceReader):
             ends: dict[int, int] = {}
             for b in batches:
                 ends[b.partition] = max(ends.get(b.partition, 0), b.last + 1)
-            ranges = offset_ranges(self.read_options, count, ends)
+            options = self.read_options
+            if options.starting_timestamps is not None or options.ending_timestamps is not None:
+                storage = self.open_storage()
+                try:
+                    options = resolve_times(options, count, batches, ends, batch_reader(storage))
+                finally:
+                    storage.close()
+            ranges = offset_ranges(options, count, ends)
         # Pruning comes before the batches are grouped into input partitions.
         batches = self.pruning.batches(batches, count, ranges)
         groups: dict[Any, list[LiveBatch]] = {}
@@ -165,13 +184,44 @@ class KvlogReader(DataSourceReader):
             for items in groups.values():
                 items.sort(key=lambda b: b.position)
         ordered = [items for _k, items in sorted(groups.items(), key=lambda kv: str(kv[0]))]
+        min_partitions = self.read_options.min_partitions
         if self.view == "latest":
             split = self.read_options.latest_split_bytes or LATEST_SPLIT_BYTES
-            return [KvlogPartition(share, ranges, lease_ms=lease_ms)
-                    for items in ordered for share in latest_shares(items, split)] or [InputPartition(LatestShare(()))]
+            shares = {items[0].partition: share_count(items, split) for items in ordered}
+            if min_partitions is not None:
+                stored = {items[0].partition: sum(b.length for b in items) for items in ordered}
+                shares = latest_share_counts(stored, shares, min_partitions)
+            return [KvlogPartition(share, ranges, lease_ms=lease_ms) for items in ordered
+                    for share in latest_shares(items, split, shares=shares[items[0].partition])
+                    ] or [InputPartition(LatestShare(()))]
         parts: list[InputPartition] = [KvlogPartition(items, ranges, len(items) == per_file[items[0].path], lease_ms)
                                        for items in ordered]
+        if min_partitions is not None and len(parts) < min_partitions:
+            slices = self._slices(batches, ranges, min_partitions)
+            if len(slices) > len(parts):
+                # A slice's batches come from several files: one ranged read each.
+                parts = [KvlogPartition(list(s.batches), {s.partition: (s.first, s.end)}, False, lease_ms)
+                         for s in slices]
         return parts or [InputPartition([])]
+
+    def _slices(self, batches: list[LiveBatch], ranges: Ranges | None, min_partitions: int) -> list[Slice]:
+        """The log view's read (``batches``, pruned, within ``ranges`` and the pushed offset
+        range) cut into at least ``min_partitions`` slices (:mod:`spark_ext.splits`)."""
+        by_partition: dict[int, list[LiveBatch]] = {}
+        for b in batches:
+            by_partition.setdefault(b.partition, []).append(b)
+        pushed = self.pruning.offsets
+        wanted: dict[int, tuple[int, int, list[LiveBatch]]] = {}
+        for p, items in by_partition.items():
+            items.sort(key=lambda b: b.base)
+            first, end = ranges[p] if ranges is not None else (0, items[-1].last + 1)
+            if pushed.low is not None:
+                first = max(first, pushed.low)
+            if pushed.high is not None:
+                end = min(end, pushed.high)
+            if first < end:
+                wanted[p] = (first, end, items)
+        return split_ranges(wanted, min_partitions)
 
     def open_storage(self) -> Storage:
         """The store's storage, as a task opens it to read data files."""

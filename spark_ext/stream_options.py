@@ -17,11 +17,21 @@ import xxhash
 
 from kvlog.errors import ConfigError
 from spark_ext.options import storage_options_from, store_uri
-from spark_ext.read_options import OffsetSpec, check_known, parse_offsets
+from spark_ext.read_options import (
+    OffsetSpec,
+    TimestampSpec,
+    check_known,
+    parse_by_timestamp,
+    parse_min_partitions,
+    parse_offsets,
+)
 
 __all__ = ["STREAM_READ_OPTIONS", "StreamReadOptions", "StreamWriteOptions"]
 
-_READ_OPTIONS = ("path", "startingOffsets", "maxRecordsPerTrigger", "view", "cache_dir")
+_READ_OPTIONS = ("path", "startingOffsets", "startingOffsetsByTimestamp", "maxRecordsPerTrigger", "minPartitions",
+                 "view", "cache_dir")
+#: Options of a batch read that say where it ends: a stream has none (Kafka's source refuses them too).
+_ENDING_OPTIONS = ("endingOffsets", "endingOffsetsByTimestamp")
 #: The options only a streaming read has (a batch read refuses them).
 STREAM_READ_OPTIONS = ("maxRecordsPerTrigger",)
 #: ``checkpointLocation`` and ``queryName`` are Spark's own: ``writeStream`` passes them along.
@@ -39,7 +49,9 @@ class StreamReadOptions:
 
     ``starting`` is parsed as a batch read's ``startingOffsets``
     (:func:`spark_ext.read_options.parse_offsets`): partitions it leaves out start at their
-    first record.
+    first record. ``starting_times`` is ``startingOffsetsByTimestamp``, refused beside
+    ``startingOffsets``; it replaces ``starting`` (which is then ``earliest``) for the
+    partitions it names. ``min_partitions`` is ``minPartitions``, applied to each micro-batch.
     """
 
     uri: str
@@ -47,15 +59,24 @@ class StreamReadOptions:
     cache_dir: str | None
     starting: OffsetSpec
     max_records_per_trigger: int | None
+    starting_times: TimestampSpec | None = None
+    min_partitions: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StreamReadOptions:
-        check_known(options, _READ_OPTIONS, "for the kvlog streaming source")
         lowered = _lowered(options)
+        for name in _ENDING_OPTIONS:
+            if name.lower() in lowered:
+                raise ConfigError(f"{name} is an option of batch reads: a kvlog stream has no end, it reads "
+                                  "what is committed as it comes (as the Kafka source, which refuses it in a "
+                                  "streaming query); bound a run with trigger(availableNow=True)")
+        check_known(options, _READ_OPTIONS, "for the kvlog streaming source")
         view = lowered.get("view", "log").lower()
         if view != "log":
             raise ConfigError(f"view={view!r}: a kvlog stream reads the log view (every record in offset order)")
+        starting_times = parse_by_timestamp(lowered, "startingOffsetsByTimestamp", "startingOffsets")
         starting = parse_offsets(lowered.get("startingoffsets") or "earliest", "startingOffsets")
+        min_partitions = parse_min_partitions(lowered["minpartitions"]) if "minpartitions" in lowered else None
         raw_max = lowered.get("maxrecordspertrigger")
         max_records: int | None = None
         if raw_max is not None:
@@ -66,7 +87,7 @@ class StreamReadOptions:
             if max_records < 1:
                 raise ConfigError(f"maxRecordsPerTrigger={raw_max!r}: use a whole number >= 1")
         return cls(store_uri(options), storage_options_from(options), lowered.get("cache_dir") or None,
-                   starting, max_records)
+                   starting, max_records, starting_times, min_partitions)
 
 
 @dataclass(frozen=True)

@@ -6,17 +6,23 @@ record to read, as in Kafka). A micro-batch reads, for each partition, the recor
 ``start <= offset < end``; offsets compaction removed are simply absent, so a start offset
 whose record was compacted away resumes at the next surviving record.
 
-The driver plans from the store's metadata alone (it never reads a data file):
+The driver plans from the store's metadata alone (it reads no data file, but for one batch
+per partition ``startingOffsetsByTimestamp`` names, once, when a new query starts):
 
 * ``latestOffset(start, limit)`` answers each partition's end, or with a
   ``ReadMaxRows(maxRecordsPerTrigger)`` limit, at most that many *existing* records in all,
   shared across the partitions in proportion to their backlog (largest remainder, so the
   shares add up to the limit exactly and a partition with a backlog is never starved
   forever: what it is not given in one trigger stays its backlog in the next);
+* ``initialOffset()`` is where a new query starts: ``startingOffsets``, or
+  ``startingOffsetsByTimestamp``, each named partition's first record at or after its time
+  (:mod:`spark_ext.by_timestamp`; its end when there is none);
 * ``prepareForTriggerAvailableNow`` fixes the ends at the partitions' ends when the query
   starts, so ``trigger(availableNow=True)`` reads what was there and stops;
 * ``partitions(start, end)`` gives one input partition per kvlog partition with records in
   the range: the live batches holding them, read by the executors with one ranged read each.
+  With ``minPartitions``, a micro-batch of fewer input partitions has its ranges cut into at
+  least that many slices instead (:mod:`spark_ext.splits`).
 
 Spark keeps the offsets of every planned micro-batch in its checkpoint before running it, so
 a query restarted from its checkpoint re-runs an unfinished micro-batch over the same offsets
@@ -38,15 +44,21 @@ from kvlog.errors import ConfigError
 from kvlog.format.bitmap import decode_offsets
 from kvlog.log import LiveBatch, Log, open_log
 from kvlog.storage import open_storage
+from spark_ext.by_timestamp import batch_reader, first_offset_at
 from spark_ext.options import driver_cache_dir
-from spark_ext.read_options import EARLIEST, LATEST
+from spark_ext.read_options import EARLIEST, LATEST, TimestampSpec
 from spark_ext.reader import read_batches
 from spark_ext.schemas import LOG_ARROW, expires_column
+from spark_ext.splits import split_ranges
 from spark_ext.stream_options import StreamReadOptions
 
 __all__ = ["KvlogStreamReader", "share_limit"]
 
 Offsets = dict[int, int]
+
+#: How many times ``startingOffsetsByTimestamp`` lists the batches again when a data file it
+#: reads was collected meanwhile.
+_RESOLVE_ATTEMPTS = 3
 
 
 def share_limit(backlog: dict[int, int], limit: int) -> dict[int, int]:
@@ -142,6 +154,8 @@ class KvlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- offsets ----------------------------------------------------------------------------------
     def initialOffset(self) -> dict[str, int]:  # noqa: N802 - Spark's name
+        if self.options.starting_times is not None:
+            return _as_json(self._offsets_at(self.options.starting_times))
         ends = self._ends()
         starting = self.options.starting
         out: Offsets = {p: 0 if starting.default == EARLIEST else ends[p] for p in ends}
@@ -154,6 +168,40 @@ class KvlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                   f"{ends[p]} (the next offset it will assign)")
             out[p] = 0 if offset == EARLIEST else ends[p] if offset == LATEST else offset
         return _as_json(out)
+
+    def _offsets_at(self, times: TimestampSpec) -> Offsets:
+        """Where a new query starts by ``startingOffsetsByTimestamp``: in a partition it names,
+        the offset of the first record at or after its time, or the partition's end when
+        there is none (:mod:`spark_ext.by_timestamp`); in the others, the first record.
+
+        A data file that GC in another process deleted, after a compaction replaced it, between
+        the listing of the batches and their read, is answered by listing them again."""
+        for attempt in range(_RESOLVE_ATTEMPTS):
+            the_log = self._open()
+            try:
+                def collect(r: Any) -> tuple[Offsets, dict[int, list[LiveBatch]]]:
+                    ends = {p: r.partition_end(p) for p in range(self.partition_count)}
+                    return ends, {p: [b for b in r.iter_batches(p, 0) if b.max_timestamp >= t]
+                                  for p, t in times.partitions if p in ends}
+
+                ends, candidates = the_log.snapshot(collect)
+                for p, _t in times.partitions:
+                    if p not in ends:
+                        raise ConfigError(f"startingOffsetsByTimestamp: partition {p} does not exist: the store has "
+                                          f"{len(ends)} partitions (0 to {len(ends) - 1})")
+                read = batch_reader(the_log.storage)
+                out: Offsets = {p: 0 for p in ends}
+                try:
+                    for p, t in times.partitions:
+                        out[p] = first_offset_at(candidates[p], t, ends[p], read)
+                except FileNotFoundError:
+                    if attempt == _RESOLVE_ATTEMPTS - 1:
+                        raise
+                    continue
+                return out
+            finally:
+                the_log.close()
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - Spark's name
         n = self.options.max_records_per_trigger
@@ -193,7 +241,7 @@ class KvlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return []
         the_log = self._open()
         try:
-            def collect(r: Any) -> list[InputPartition]:
+            def collect(r: Any) -> list[tuple[int, int, int, list[LiveBatch]]]:
                 parts = []
                 for p, (lo, hi) in sorted(wanted.items()):
                     batches = []
@@ -202,13 +250,18 @@ class KvlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                             break
                         batches.append(b)
                     if batches:
-                        parts.append(InputPartition((p, lo, hi, batches)))
+                        parts.append((p, lo, hi, batches))
                 return parts
 
-            parts: list[InputPartition] = the_log.snapshot(collect)
-            return parts
+            found: list[tuple[int, int, int, list[LiveBatch]]] = the_log.snapshot(collect)
         finally:
             the_log.close()
+        n = self.options.min_partitions
+        if n is not None and len(found) < n:
+            slices = split_ranges({p: (lo, hi, batches) for p, lo, hi, batches in found}, n)
+            if len(slices) > len(found):
+                found = [(s.partition, s.first, s.end, list(s.batches)) for s in slices]
+        return [InputPartition(item) for item in found]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         p, lo, hi, batches = partition.value

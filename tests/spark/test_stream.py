@@ -101,7 +101,8 @@ def test_bad_options_are_refused_before_anything_runs(spark: Any, kv: Any, tmp_p
         kv.fill(store, ops=40, keys=10, seed=5)
     for options, message in (({"maxRecordsPerTriger": "5"}, "unknown option 'maxRecordsPerTriger' for the kvlog streaming "
                                "source \\(did you mean 'maxRecordsPerTrigger'\\?\\); the known options are: "
-                               "cache_dir, maxRecordsPerTrigger, path, startingOffsets, view, storage"),
+                               "cache_dir, maxRecordsPerTrigger, minPartitions, path, startingOffsets, "
+                               "startingOffsetsByTimestamp, view, storage"),
                               ({"maxRecordsPerTrigger": "0"}, "maxRecordsPerTrigger='0'"),
                               ({"startingOffsets": "first"}, "startingOffsets='first'"),
                               ({"view": "latest"}, "reads the log view")):
