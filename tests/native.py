@@ -10,6 +10,7 @@ that run, and the test reaches the raw entry points through the returned :class:
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -53,7 +54,12 @@ def implementation(name: str) -> Native:
     return Native(name, **chosen)
 
 
-@pytest.fixture(scope="module", params=["c", "python"])
+#: The implementations the fixture runs: both, or the one ``KVLOG_NATIVE_ONLY`` names (the
+#: AddressSanitizer run, tests/test_sanitized_extensions.py, checks the C extensions alone).
+IMPLEMENTATIONS = [name for name in ("c", "python") if os.environ.get("KVLOG_NATIVE_ONLY", name) == name]
+
+
+@pytest.fixture(scope="module", params=IMPLEMENTATIONS)
 def native(request: pytest.FixtureRequest) -> Iterator[Native]:
     chosen = implementation(request.param)
     with pytest.MonkeyPatch.context() as patch:

@@ -20,7 +20,8 @@ from benchmarks.recovery import ANCHORS, STATES, rocksdict_missing
 from benchmarks.report import rows
 from benchmarks.suite import SCHEMA, TARGETS, TINY, settings_for
 
-pytestmark = pytest.mark.slow
+# One worker runs the module: its fixture runs the tiny benchmarks once, not once a worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bench-quick")]
 
 EXPECTED = {
     "log.append", "log.durable_local_sync_put", "log.durable_local_flush_loop",

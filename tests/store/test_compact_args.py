@@ -5,7 +5,6 @@ cannot read back."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import spark_ext
 from kvlog.aio import AsyncStore
 from kvlog.errors import InvalidRecordError, KvlogError
 from kvlog.format.commit import Commit
+from tests.files import content_digest
 
 BAD_NOW_MS = [
     pytest.param(float("nan"), id="nan"),
@@ -33,8 +33,9 @@ BAD_FORCE = [pytest.param(v, id=repr(v)) for v in (1, 0, "yes", None, 1.0)]
 
 
 def fingerprint(root: Path) -> dict[str, str]:
-    """Every file of the store's root (its cache too) by path, with a digest of its bytes."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+    """Every file of the store's root (its cache too) by path, with a digest of its bytes (of
+    the pages that hold data: the cache's file is a sparse gigabyte)."""
+    return {str(p.relative_to(root)): content_digest(p)
             for p in sorted(root.rglob("*")) if p.is_file() and p.suffix != ".lock"}
 
 
