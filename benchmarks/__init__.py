@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run only the steps whose id starts with this (repeatable): log, "
                              "log.append, log.durable_local, log.s3, store, store.puts, store.gets, "
                              "store.scan, store.get_many, store.durable_threads, store.memory, store.recovery, "
-                             "store.aio, consumer, consumer.poll, consumer.latency, compaction, spark, "
+                             "store.aio, consumer, consumer.poll, consumer.latency, consumer.metrics, compaction, spark, "
                              "peers, peers.load, peers.gets, peers.scan, peers.short_scans, peers.ycsb, "
                              "peers.durable_threads, peers.durable_single, peers.reopen, peers.space")
     parser.add_argument("--work-dir", help="where the temporary stores go (default: the system temp)")

@@ -1,5 +1,6 @@
-"""Consumer groups: records/s through ``poll``, and the latency from another process's
-``sync=True`` put to the ``poll`` that returns it.
+"""Consumer groups and monitoring: records/s through ``poll``, the latency from another
+process's ``sync=True`` put to the ``poll`` that returns it, and what a Prometheus scrape of
+:mod:`kvlog.metrics` costs the put path.
 
 ``python -m benchmarks.consumers writer URI COUNT INTERVAL_MS`` is the writer child of the
 latency benchmark: it puts COUNT keys with ``sync=True``, one every INTERVAL_MS, and prints
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from time import perf_counter
@@ -17,12 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import kvlog
 from benchmarks.children import child_env
+from benchmarks.data import percentiles
 
 if TYPE_CHECKING:
     from benchmarks.suite import Context
 
-__all__ = ["bench_consumer_latency", "bench_consumer_throughput"]
+__all__ = ["bench_consumer_latency", "bench_consumer_throughput", "bench_metrics_overhead"]
 
+#: How often the metrics benchmark scrapes: 15 times as often as Prometheus's usual 15 s.
+SCRAPE_INTERVAL_S = 1.0
 #: Keys the latency benchmark's writer puts, and the pause between two puts.
 LATENCY_PUTS = {"quick": 100, "full": 400}
 LATENCY_INTERVAL_MS = 20
@@ -129,6 +134,69 @@ def bench_consumer_latency(ctx: Context) -> dict[str, Any]:
         [measurement("put", "sync=True put alone", "ms", [1000 * sorted(put)[len(put) // 2]],
                      latencies_s=put)],
         higher_is_better=False, seconds=perf_counter() - began,
+    )
+
+
+def bench_metrics_overhead(ctx: Context) -> dict[str, Any]:
+    """Buffered puts/s while a thread scrapes :func:`kvlog.metrics.text` every second, vs the
+    same puts with no collector, runs interleaved on one store."""
+    import kvlog.metrics
+    from benchmarks.suite import make_entry, measurement
+
+    s = ctx.settings
+    total = s.records
+    began = perf_counter()
+    with_runs: list[float] = []
+    without_runs: list[float] = []
+    scrapes_s: list[float] = []
+    with ctx.scratch_dir("metrics") as path:
+        store = ctx.open_store(path, background_compaction=False)
+        try:
+            def puts(run: int) -> float:
+                t0 = perf_counter()
+                for i in range(total):
+                    key, value = ctx.record(i)
+                    store.put(key, value)
+                store.flush()
+                return total / (perf_counter() - t0)
+
+            for run in range(s.repeats):
+                for scraped in (run % 2 == 0, run % 2 == 1):  # interleaved, each first in turn
+                    ctx.bar.describe(f"metrics: puts {'with' if scraped else 'without'} scrapes")
+                    if not scraped:
+                        without_runs.append(puts(run))
+                        continue
+                    stop = threading.Event()
+
+                    def scrape(stop: threading.Event = stop) -> None:
+                        while not stop.wait(SCRAPE_INTERVAL_S):
+                            t0 = perf_counter()
+                            kvlog.metrics.text(store)
+                            scrapes_s.append(perf_counter() - t0)
+
+                    scraper = threading.Thread(target=scrape, name="scraper")
+                    scraper.start()
+                    try:
+                        with_runs.append(puts(run))
+                    finally:
+                        stop.set()
+                        scraper.join()
+        finally:
+            store.close()
+    method = (
+        f"{total} buffered puts then a flush into one local store, per run; in the runs with "
+        f"metrics a thread calls kvlog.metrics.text(store) (what a Prometheus scrape of the "
+        f"registered collector does) every {SCRAPE_INTERVAL_S * 1000:.0f} ms, 15 times as "
+        f"often as a usual 15 s scrape interval. Runs with and without alternate, each first "
+        f"in turn. Anchor: the runs without a collector. The store grows by the same records "
+        f"each run (the same keys are written again), so later runs scrape more batches."
+    )
+    return make_entry(
+        "consumer.metrics", "consumer", "buffered puts/s while metrics are scraped", method,
+        measurement("kvlog", "puts, scraped every second", "puts/s", with_runs, records=total,
+                    scrape_ms=percentiles(scrapes_s) if scrapes_s else None, scrapes=len(scrapes_s)),
+        [measurement("no-metrics", "puts, no collector", "puts/s", without_runs, records=total)],
+        seconds=perf_counter() - began,
     )
 
 

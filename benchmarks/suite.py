@@ -1224,6 +1224,13 @@ def bench_consumer_put_to_poll(ctx: Context) -> dict[str, Any]:
     return bench_consumer_latency(ctx)
 
 
+def bench_metrics_overhead(ctx: Context) -> dict[str, Any]:
+    """Puts/s while kvlog.metrics is scraped (see :mod:`benchmarks.consumers`)."""
+    from benchmarks.consumers import bench_metrics_overhead as run
+
+    return run(ctx)
+
+
 Step = tuple[str, str, str, Callable[[Context], "dict[str, Any] | list[dict[str, Any]]"]]
 
 STEPS: list[Step] = [
@@ -1241,6 +1248,7 @@ STEPS: list[Step] = [
     ("consumer.poll", "consumer", "records/s through Consumer.poll", bench_consumer_poll),
     ("consumer.latency", "consumer", "put(sync=True) in another process -> poll",
      bench_consumer_put_to_poll),
+    ("consumer.metrics", "consumer", "buffered puts/s while metrics are scraped", bench_metrics_overhead),
 ]
 
 

@@ -27,7 +27,7 @@ EXPECTED = {
     "log.append", "log.durable_local_sync_put", "log.durable_local_flush_loop",
     "log.durable_s3_sync_put", "log.durable_s3_flush_loop", "log.commit_latency_s3",
     "store.puts", "store.gets", "store.scan", "store.get_many", "store.durable_threads", "store.memory",
-    "store.aio_get", "store.aio_put", "consumer.poll", "consumer.latency",
+    "store.aio_get", "store.aio_put", "consumer.poll", "consumer.latency", "consumer.metrics",
     *(f"store.recovery_{state}" for state in STATES),
 }
 
