@@ -28,7 +28,9 @@ can share a registry. What they mean (``stats()`` has the same figures):
   ``kvlog_fsyncs_total``: file and directory fsyncs of a local root.
 * ``kvlog_version``, ``kvlog_live_keys``, ``kvlog_files``, ``kvlog_file_bytes``,
   ``kvlog_unflushed_bytes``: the applied commit, the keys, the live data files and their bytes,
-  and this handle's writes not durable yet.
+  and this handle's writes not durable yet. ``kvlog_live_keys`` is left out while index runs
+  wait to be merged (``kvlog_index_runs_pending`` above 0, during loads): counting the keys
+  through them would look each of their entries up, seconds for a million, in every scrape.
 * ``kvlog_partition_end_offset{partition}``, ``kvlog_partition_begin_offset{partition}``,
   ``kvlog_partition_dirty_ratio{partition}``: each partition's offsets, and the share of its
   bytes the cleaner has not cleaned yet (compaction's trigger).
@@ -38,6 +40,10 @@ can share a registry. What they mean (``stats()`` has the same figures):
   from, and when a round last ended without an error (0: none yet in this process).
 * ``kvlog_consumer_lag{group, partition}``: for every consumer group with committed offsets,
   the offsets between its committed offset (or the partition's begin) and the end.
+* ``kvlog_tombstone_hold_offset{partition}``: the offset from which on compaction keeps
+  tombstones and expired records for the consumer groups that hold them;
+  ``kvlog_consumer_group_hold_expiry_timestamp_seconds{group}``: when a group's hold lapses
+  unless it commits again.
 """
 
 from __future__ import annotations
@@ -83,7 +89,7 @@ class StoreCollector:
     def collect(self) -> Iterator[Any]:
         """The metric families of the store now."""
         core = _client()
-        stats = self._store.stats()
+        stats = self._store.stats(count_keys=False)
         store = str(stats["store_uuid"])
 
         def counter(name: str, doc: str, value: float, **labels: str) -> Any:
@@ -123,7 +129,10 @@ class StoreCollector:
         yield transferred
         yield counter("kvlog_fsyncs", "File and directory fsyncs of a local root.", traffic["fsyncs"])
         yield gauge("kvlog_version", "The applied commit version.", stats["version"])
-        yield gauge("kvlog_live_keys", "Keys with a live value.", stats["live_keys"])
+        if stats["live_keys"] is not None:  # none while index runs wait (see the module's doc)
+            yield gauge("kvlog_live_keys", "Keys with a live value.", stats["live_keys"])
+        yield gauge("kvlog_index_runs_pending", "Index runs waiting to be merged into the key index.",
+                    stats["index_runs"])
         yield gauge("kvlog_files", "Live data files.", stats["files"])
         yield gauge("kvlog_file_bytes", "Bytes of the live data files.", stats["file_bytes"])
         yield gauge("kvlog_unflushed_bytes", "This handle's writes not durable yet.", stats.get("unflushed_bytes", 0))

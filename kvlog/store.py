@@ -424,12 +424,13 @@ class Store(StoreMapping):
 
         return check_store(self.log)
 
-    def stats(self) -> dict[str, Any]:
-        """Counts, sizes, versions, flush and cache state."""
+    def stats(self, *, count_keys: bool = True) -> dict[str, Any]:
+        """Counts, sizes, versions, flush and cache state. ``count_keys=False``: ``live_keys`` is
+        None while index runs wait to be merged (counting through them costs a lookup a key)."""
         self._check_open()
         from kvlog.check import log_stats
 
-        out = log_stats(self.log)
+        out = log_stats(self.log, count_keys=count_keys)
         f = self._flusher
         out.update(memtable_keys=len(self._index.memtable), unflushed_bytes=f.unflushed_bytes if f else 0,
                    flushes=f.flushes if f else 0, records_flushed=f.records_flushed if f else 0,
@@ -527,9 +528,8 @@ class Store(StoreMapping):
             self.log.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        """The attributes a copy (``copy.copy``) takes: all but the bound ``get``, which reads
-        this store's state (the copy's ``get`` is the method, reading the copy's), and the
-        owning process, so that freeing a copy never closes the state it shares."""
+        """What a copy (``copy.copy``) takes: all but the bound ``get`` (the copy's reads the copy)
+        and the owning process (freeing a copy never closes the state it shares)."""
         state = dict(self.__dict__)
         state.pop("get", None)
         state.pop("_owner_pid", None)
