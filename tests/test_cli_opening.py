@@ -26,7 +26,7 @@ def foreign_dir(tmp_path: Path) -> Path:
 def test_put_refuses_a_path_that_climbs_into_a_directory_with_other_files(foreign_dir: Path) -> None:
     before = listing(foreign_dir.parent)
     for target in (f"{foreign_dir}/missing/..", f"file://localhost{foreign_dir}/missing/.."):
-        line = one_line_failure(run("put", target, "k", "v"), 1)
+        line = one_line_failure(run("put", target, "k", "v"), 3)
         assert "is not empty and is not a kvlog store" in line and "give --create" in line, line
     assert listing(foreign_dir.parent) == before  # no missing/, no kvlog.json, no cache/
     done = run("put", f"{foreign_dir}/missing/..", "k", "v", "--create")
@@ -36,8 +36,8 @@ def test_put_refuses_a_path_that_climbs_into_a_directory_with_other_files(foreig
 
 
 def test_put_refuses_a_file_uri_with_a_query_in_one_line(tmp_path: Path) -> None:
-    line = one_line_failure(run("put", f"{tmp_path.as_uri()}/s?partitions=3", "k", "v"), 1)
-    assert "ConfigError" in line and "query" in line, line
+    line = one_line_failure(run("put", f"{tmp_path.as_uri()}/s?partitions=3", "k", "v"), 4)
+    assert line.startswith("kvlog: ") and "ConfigError" not in line and "query" in line, line
     assert list(tmp_path.iterdir()) == []
 
 
@@ -63,8 +63,11 @@ def test_commands_refuse_a_cache_of_lost_commits_in_one_line_until_told_to_rebui
     root = behind
     before = stored(root)
     for command in (["get", str(root), "a"], ["put", str(root), "x", "1"], ["compact", str(root)]):
-        line = one_line_failure(run(*command), 1)
-        assert "StorageBehindError" in line and "give --on-storage-behind rebuild" in line, line
+        line = one_line_failure(run(*command), 4)
+        assert line.startswith("kvlog: ") and "give --on-storage-behind rebuild" in line, line
+        assert "StorageBehindError" not in line, line  # the type is for -v
+    line = one_line_failure(run("-v", "get", str(root), "a"), 4)
+    assert line.startswith("kvlog: StorageBehindError: "), line
     assert stored(root) == before
     # check reports it as its one finding.
     done = run("check", str(root))

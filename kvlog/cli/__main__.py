@@ -4,4 +4,5 @@ import sys
 
 from kvlog.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # imported (by pydoc, a module walk), it runs nothing
+    sys.exit(main())

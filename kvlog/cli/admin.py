@@ -11,11 +11,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from kvlog.cli.common import (
+    ExitCode,
     Subparsers,
     add_store_arguments,
     cli_spelling,
     one_line,
     open_store,
+    positive_count,
     require_store,
     settings_of,
     storage_options_arg,
@@ -37,7 +39,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
         with open_store(args, create=False, read_only=True) as store:
             sys.stdout.write(text(store))
-        return 0
+        return ExitCode.OK
     with open_store(args, create=False, read_only=True) as store:
         stats = store.stats()
         ratio = store.log.config.min_cleanable_dirty_ratio
@@ -46,7 +48,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         print(json.dumps(stats, indent=2, sort_keys=True))
     else:
         sys.stdout.write(render_stats(stats, SystemClock().now_ms(), min_dirty_ratio=ratio, disk=disk))
-    return 0
+    return ExitCode.OK
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -59,9 +61,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
         print(line)
     if findings:
         print(f"kvlog: {len(findings)} problem(s) found", file=sys.stderr)
-        return 1
+        return ExitCode.NEGATIVE  # the check ran; its answer is "not sound"
     print("ok")
-    return 0
+    return ExitCode.OK
 
 
 def _cmd_compact(args: argparse.Namespace) -> int:
@@ -80,7 +82,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     finally:
         the_log.close()
     print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
-    return 0
+    return ExitCode.OK
 
 
 def _check_spark_job(args: argparse.Namespace) -> None:
@@ -115,7 +117,7 @@ def _cmd_spark(args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     print(json.dumps(result, indent=2, sort_keys=True, default=str))
-    return 0
+    return ExitCode.OK
 
 
 @contextmanager
@@ -168,18 +170,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         check_java()
         materialize = _spark_step
     result = run_demo(args.path, records=args.records, materialize=materialize, keep=args.keep)
-    return 1 if result.failures else 0
-
-
-def _positive_count(text: str) -> int:
-    """``--records N``: a whole number above zero, refused as a usage error otherwise."""
-    try:
-        count = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if count <= 0:
-        raise argparse.ArgumentTypeError(f"{count} is not above zero")
-    return count
+    # Like check's findings: the demo ran to its end and its own checks said no.
+    return ExitCode.NEGATIVE if result.failures else ExitCode.OK
 
 
 def _spark_conf_arg(text: str) -> tuple[str, str]:
@@ -197,9 +189,13 @@ _BENCH_POINTER = (
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    """Say where the benchmark suite is: it lives beside the library, in a source checkout."""
+    """Say where the benchmark suite is: it lives beside the library, in a source checkout.
+
+    Exits 2 (:attr:`ExitCode.USAGE`): the command is not available in an installed kvlog, a
+    matter of how it was called, not a failure of a store.
+    """
     print(_BENCH_POINTER, file=sys.stderr)
-    return 2
+    return ExitCode.USAGE
 
 
 def register(sub: Subparsers) -> None:
@@ -243,7 +239,7 @@ def register(sub: Subparsers) -> None:
     p = sub.add_parser("demo", help="the end-to-end demo on a local store")
     p.add_argument("--path", type=uri_arg,
                    help="store directory, missing or empty (default: a new temporary directory)")
-    p.add_argument("--records", type=_positive_count, default=1_000_000,
+    p.add_argument("--records", type=positive_count, default=1_000_000,
                    help="how many records to write (default 1000000)")
     p.add_argument("--no-spark", action="store_true", help="skip the Spark materialization step")
     p.add_argument("--keep", action="store_true", help="keep the store at the end (it is removed otherwise)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import json
 import os
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from kvlog.format.identity import IDENTITY_NAME
 from kvlog.log.opening import CREATE_HINT, ON_STORAGE_BEHIND, REBUILD_HINT
 
 __all__ = [
-    "Parser", "Subparsers", "one_line", "uri_arg", "storage_options_arg", "setting_arg",
+    "ExitCode", "Parser", "Subparsers", "one_line", "positive_count", "uri_arg", "storage_options_arg", "setting_arg",
     "add_store_arguments", "open_store", "cli_spelling", "require_store", "store_config",
     "stored_partitions",
 ]
@@ -25,17 +26,58 @@ __all__ = [
 Subparsers = Any
 
 
+class ExitCode(enum.IntEnum):
+    """The exit codes of ``kvlog``: what a script calling it can tell apart without reading stderr.
+
+    Documented in :mod:`kvlog.cli` and docs/cli.rst ("Errors and exit codes"); a command
+    returns one of these, and :func:`kvlog.cli.main` maps every exception to one.
+    """
+
+    #: The command did what it was asked.
+    OK = 0
+    #: The command ran and its answer is no (as ``grep``'s 1): ``get`` of a key that is not
+    #: there, ``check`` (or the demo's own checks) found problems.
+    NEGATIVE = 1
+    #: The command line itself is wrong (argparse's own code): a bad argument or option, bad
+    #: hex, an unreadable ``--key-file``, and ``kvlog bench`` (not available in an install).
+    USAGE = 2
+    #: What the command names is not there: no store at the URI, no such named checkpoint or
+    #: consumer group (:class:`~kvlog.errors.StoreNotFoundError` and its subclasses).
+    NO_STORE = 3
+    #: Any other failure: every other kvlog error (storage, corrupt data, read-only, a refused
+    #: record or setting, a missing extra) and any other exception (a bug, an OS error).
+    FAILURE = 4
+    #: Interrupted by SIGINT (Ctrl-C): 128 + 2, as a shell reports it.
+    INTERRUPTED = 130
+    #: The output pipe was closed early (``kvlog scan URI | head``): 128 + SIGPIPE (13).
+    BROKEN_PIPE = 141
+    #: Stopped by SIGTERM (``consume`` stops cleanly on it): 128 + 15.
+    TERMINATED = 143
+
+
 class Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are one line on stderr and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
         """Print ``<prog>: error: <message>`` as one line (the usage is under ``--help``) and exit 2."""
-        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+        self.exit(int(ExitCode.USAGE), f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def one_line(text: str) -> str:
     """``text`` with every run of whitespace (newlines too) as one space: an error stays one line."""
     return " ".join(text.split())
+
+
+def positive_count(text: str) -> int:
+    """A count option (``--records N``, ``--limit N``): a whole number above zero, refused as a
+    usage error otherwise (``0``, ``-5``, ``1.5``, ``many``)."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if count <= 0:
+        raise argparse.ArgumentTypeError(f"{count} is not above zero")
+    return count
 
 
 def _require_utf8(arg: str) -> None:

@@ -21,7 +21,13 @@ import sys
 import threading
 from typing import Any
 
-from kvlog.cli.common import Subparsers, add_store_arguments, store_config, stored_partitions
+from kvlog.cli.common import (
+    ExitCode,
+    Subparsers,
+    add_store_arguments,
+    store_config,
+    stored_partitions,
+)
 from kvlog.cli.encoding import InputError, escape_tsv, write_bytes
 from kvlog.consumer import Consumer
 from kvlog.errors import StoreNotFoundError
@@ -153,7 +159,7 @@ def _cmd_consume(args: argparse.Namespace) -> int:
                         if not args.no_commit:
                             consumer.commit()
                     elif not args.follow:
-                        return 0
+                        return ExitCode.OK
         finally:
             the_log.close()
     print(f"kvlog: {_STOP_SIGNALS[signal.Signals(stop.signum)]}", file=sys.stderr)

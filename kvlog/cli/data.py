@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 from kvlog.cli.common import (
+    ExitCode,
     Subparsers,
     add_store_arguments,
     open_store,
+    positive_count,
     store_config,
 )
 from kvlog.cli.encoding import (
@@ -83,7 +86,7 @@ def _cmd_put(args: argparse.Namespace) -> int:
     _check_record(key, value, args)
     with open_store(args) as store:
         store.put(key, value, sync=True)
-    return 0
+    return ExitCode.OK
 
 
 def _cmd_get(args: argparse.Namespace) -> int:
@@ -93,7 +96,7 @@ def _cmd_get(args: argparse.Namespace) -> int:
         value = store.get(key)
     if value is None:
         print(f"kvlog: key not found: {escape_tsv(key)}", file=sys.stderr)
-        return 1
+        return ExitCode.NEGATIVE
     if args.format == "json":
         write_bytes(json_record(key, value, as_hex=args.hex).encode("utf-8") + b"\n")
     elif args.hex:
@@ -103,7 +106,7 @@ def _cmd_get(args: argparse.Namespace) -> int:
         # value that has none, so the prompt starts on a line of its own.
         tail = b"\n" if sys.stdout.isatty() and not value.endswith(b"\n") else b""
         write_bytes(value + tail)
-    return 0
+    return ExitCode.OK
 
 
 def _cmd_delete(args: argparse.Namespace) -> int:
@@ -113,16 +116,19 @@ def _cmd_delete(args: argparse.Namespace) -> int:
     _check_key(key, KEY_BYTES_LIMIT)
     with open_store(args, create=False) as store:
         store.delete(key, sync=True)
-    return 0
+    return ExitCode.OK
 
 
 def _cmd_scan(args: argparse.Namespace) -> int:
+    """Print the records in range, in key order (``--reverse``: descending), the first
+    ``--limit`` of them if given: the scan stops there and reads no further."""
     def bound(arg: str | None, what: str) -> bytes | None:
         return None if arg is None else _argument(arg, what, args.hex)
 
     prefix, start, stop = bound(args.prefix, "--prefix"), bound(args.start, "--start"), bound(args.stop, "--stop")
     with open_store(args, create=False, read_only=True) as store:
-        for key, value in store.scan(start, stop, prefix=prefix, reverse=args.reverse):
+        records = store.scan(start, stop, prefix=prefix, reverse=args.reverse)
+        for key, value in itertools.islice(records, args.limit):  # a limit of None: every record
             if args.format == "json":
                 line = json_record(key, value, as_hex=args.hex)
             elif args.hex:
@@ -130,7 +136,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
             else:
                 line = f"{escape_tsv(key)}\t{escape_tsv(value)}"
             write_bytes(line.encode("utf-8") + b"\n")
-    return 0
+    return ExitCode.OK
 
 
 def _key_arguments(p: argparse.ArgumentParser, with_value: bool) -> None:
@@ -155,7 +161,7 @@ def register(sub: Subparsers) -> None:
                    help="create the store even in a directory that holds other files")
     p.set_defaults(func=_cmd_put)
 
-    p = sub.add_parser("get", help="write a key's value to stdout (exit 1 if the key is missing)")
+    p = sub.add_parser("get", help="write a key's value to stdout (exit 1 if the key is not there)")
     add_store_arguments(p)
     _key_arguments(p, with_value=False)
     p.add_argument("--format", choices=("raw", "json"), default="raw",
@@ -174,6 +180,8 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--start", help="only keys at or after this one")
     p.add_argument("--stop", help="only keys before this one")
     p.add_argument("--reverse", action="store_true", help="descending key order")
+    p.add_argument("--limit", type=positive_count, metavar="N",
+                   help="print at most N records (the first N in the scan's order; N above zero)")
     p.add_argument("--hex", action="store_true",
                    help="--prefix, --start and --stop are hex digits, and keys and values are printed as hex")
     p.add_argument("--format", choices=("tsv", "json"), default="tsv",
