@@ -144,6 +144,12 @@ class State:
         self.pending: set[str] = set()
         self.condemned: set[str] = set()
         self.pins: dict[str, list[str]] = {}
+        # Consumer groups: their committed offsets and states ({"last_commit_ms", "hold_ms"}),
+        # and the version of the last ``offsets`` commit that started a tombstone hold or moved
+        # one back (a cleaning round that read the holds before it is refused).
+        self.group_offsets: dict[str, dict[int, int]] = {}
+        self.groups: dict[str, dict[str, Any]] = {}
+        self.holds_changed = 0
 
     @classmethod
     def from_checkpoint(cls, body: dict[str, Any]) -> State:
@@ -157,6 +163,10 @@ class State:
         state.pending = set(body["pending"])
         state.condemned = set(body.get("condemned", {}))
         state.pins = {name: pin["paths"] for name, pin in body.get("pins", {}).items()}
+        for group, p, offset in body.get("offsets", []):
+            state.group_offsets.setdefault(group, {})[p] = offset
+        state.groups = dict(body.get("groups", {}))
+        state.holds_changed = body.get("holds_changed", 0)
         return state
 
     def apply(self, commit: dict[str, Any]) -> None:
@@ -182,7 +192,9 @@ class State:
                 self.condemned.update(path for path in commit["remove"] if path not in kept)
             elif kind in ("pin", "unpin"):
                 self._pin(commit)
-            elif kind != "offsets":  # a group's committed offsets change no record
+            elif kind == "offsets":  # no record changes, but a tombstone hold may start
+                self._offsets(commit)
+            else:
                 raise ValueError(f"unknown commit kind {kind!r}")
         except Refused:
             return  # a refused commit keeps its version and changes nothing else
@@ -213,6 +225,13 @@ class State:
         self.producers.update({pid: s for pid, s in producers.items() if s is not None})
 
     def _replace(self, commit: dict[str, Any]) -> None:
+        info = commit.get("info") or {}
+        if info.get("cleaner"):  # a cleaning round: it may have removed what a new hold covers
+            at = info.get("holds_at")
+            if type(at) is not int or not 0 <= at < commit["version"]:
+                at = None
+            if self.holds_changed and (at is None or self.holds_changed > at):
+                raise Refused("a tombstone hold started or moved back after the round read the holds")
         if any(fid not in self.files for fid in commit["remove"]):
             raise Refused("an input is no longer live")
         removed = {b for fid in commit["remove"] for b in map(tuple, self.files[fid]["batches"])}
@@ -232,6 +251,47 @@ class State:
                 self.files[file["id"]] = {"path": file["path"], "batches": [(b["p"], b["last"]) for b in file["batches"]]}
             for b in file["batches"]:
                 self.batches[(b["p"], b["last"])] = {**b, "path": file["path"]}
+
+    def _offsets(self, commit: dict[str, Any]) -> None:
+        """A group's committed offsets, its hold, or its deletion (the rules of docs/format.rst)."""
+        info = commit["info"]
+        group, offsets, hold_ms, delete = (info.get("group"), info.get("offsets"), info.get("hold_ms"),
+                                           info.get("delete", False))
+        try:
+            named = isinstance(group, str) and 0 < len(group.encode()) <= 255 and "\x00" not in group
+        except UnicodeEncodeError:
+            named = False
+        if not named or not isinstance(offsets, dict):
+            raise Refused("no group, or no offsets")
+        if hold_ms is not None and (type(hold_ms) is not int or not 0 <= hold_ms < 2**63):
+            raise Refused("malformed hold_ms")
+        if type(delete) is not bool or (delete and (offsets or hold_ms is not None)):
+            raise Refused("a deletion carries no offsets and no hold")
+        parsed = {}
+        for p, offset in offsets.items():
+            if not (p.isascii() and p.isdigit() and int(p) < 2**16 and type(offset) is int and 0 <= offset < 2**63):
+                raise Refused("malformed offset")
+            parsed[int(p)] = offset
+        if delete:
+            self.groups.pop(group, None)
+            self.group_offsets.pop(group, None)
+            return
+
+        def holding(state: dict[str, Any] | None) -> bool:
+            return (state is not None and state["hold_ms"] is not None
+                    and self.now < state["last_commit_ms"] + state["hold_ms"])
+
+        old, before = self.groups.get(group), self.group_offsets.get(group, {})
+        if hold_ms is None and old is not None:
+            hold_ms = old["hold_ms"]
+        state = {"last_commit_ms": self.now, "hold_ms": hold_ms}
+        # A hold that starts (new, or lapsed at this commit's time) or moves back (a partition
+        # it had no offset for, or a lower one) makes every cleaning round planned before refused.
+        moved_back = any(p not in before or o < before[p] for p, o in parsed.items())
+        if holding(state) and (not holding(old) or moved_back):
+            self.holds_changed = commit["version"]
+        self.group_offsets[group] = {**before, **parsed}
+        self.groups[group] = state
 
     def _register(self, pid: int, epoch: int) -> None:
         state = self.producers.get(pid)

@@ -145,7 +145,12 @@ class Compactor:
         batches = {p: list(r.iter_batches(p, 0)) for p in range(self._log.partitions)}
         checkpoints = {p: _checkpoint_of(r.get_cleaner(p)) for p in range(self._log.partitions)}
         ends = {p: r.partition_end(p) for p in range(self._log.partitions)}
-        return _Catalog(files, batches, checkpoints, ends, GroupOffsets(r).holds(now_ms), r.version())
+        # A hold lapses for this job only once it has lapsed by the log's time as well: replay
+        # gives every later commit at least that time, so a commit of the group after this
+        # snapshot restarts its hold (refusing this job's commit) instead of renewing a hold
+        # this job left out, which a clock read a moment after that commit was built would.
+        holds = GroupOffsets(r).holds(min(now_ms, r.last_commit_ms()))
+        return _Catalog(files, batches, checkpoints, ends, holds, r.version())
 
     def plan(self, now_ms: int, *, force: bool = False) -> tuple[Plan | None, dict[int, list[LiveBatch]]]:
         """The next job at ``now_ms`` and the live batches it reads, per partition."""

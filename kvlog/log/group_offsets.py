@@ -23,7 +23,7 @@ changed after that. The compactor then plans again.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from kvlog.errors import InvalidRecordError, KvlogError
 from kvlog.format.commit import Commit
@@ -60,6 +60,17 @@ def check_offset(offset: object) -> int:
     return offset
 
 
+def _usable_group(group: object) -> TypeGuard[str]:
+    """Whether a commit's ``group`` is a name :func:`check_group` accepts: one the catalog can
+    key its rows by (valid UTF-8, at most :data:`GROUP_BYTES_LIMIT` bytes, no NUL). A commit
+    naming another is refused, never applied: applying it would fail in every reader alike."""
+    try:
+        check_group(group)
+    except InvalidRecordError:
+        return False
+    return True
+
+
 def committed_offsets(the_log: Log, group: str) -> dict[int, int]:
     """Every partition's committed offset of ``group`` in this cache."""
     found: dict[int, int] = the_log.snapshot(lambda r: GroupOffsets(r).of_group(group))
@@ -69,13 +80,15 @@ def committed_offsets(the_log: Log, group: str) -> dict[int, int]:
 def commit_offsets(the_log: Log, group: str, offsets: dict[int, int], *, hold_ms: int | None = None) -> int:
     """Commit ``offsets`` (partition -> next offset to read) for ``group``; durable on return.
     ``hold_ms``: the group holds tombstones until that long after this commit (None: a hold
-    it has keeps its duration). Returns the version of the commit."""
+    it has keeps its duration); a commit records at most 2**63 - 1 ms (some 292 million
+    years), so a longer ``group_hold_max_ms`` (no setting bounds it) is recorded as that.
+    Returns the version of the commit."""
     for p, offset in offsets.items():
         the_log.check_partition(p)
         check_offset(offset)
     body: dict[str, object] = {"group": group, "offsets": {str(p): o for p, o in sorted(offsets.items())}}
     if hold_ms is not None:
-        body["hold_ms"] = hold_ms
+        body["hold_ms"] = min(hold_ms, OFFSET_LIMIT - 1)
     return _commit_group(the_log, body)
 
 
@@ -105,8 +118,12 @@ def holds_at(info: dict[str, object]) -> int | None:
 
 def holds_changed_after(txn: MetaTxn, info: dict[str, object]) -> str | None:
     """Why a ``replace`` commit (its ``info``) must be refused because a hold started or moved
-    back after its compaction read the holds; None when none did."""
+    back after its compaction read the holds; None when none did. A compaction reads the holds
+    before its commit: a ``holds_at`` past the version before this commit shows nothing, and
+    counts as not recorded."""
     at = holds_at(info)
+    if at is not None and not 0 <= at <= txn.version():
+        at = None
     changed = GroupOffsets(txn).holds_changed()
     if changed and (at is None or changed > at):
         return (f"a consumer group's tombstone hold changed at version {changed}, after the "
@@ -118,7 +135,7 @@ def apply_offsets(txn: MetaTxn, commit: Commit, now_ms: int) -> str | None:
     """Replay an ``offsets`` commit (at ``now_ms``, the time replay gives it); the reason it is
     refused, or None once applied."""
     group, offsets = commit.info.get("group"), commit.info.get("offsets")
-    if not isinstance(group, str) or not group or "\x00" in group or not isinstance(offsets, dict):
+    if not _usable_group(group) or not isinstance(offsets, dict):
         return "an offsets commit names a group and its offsets"
     hold_ms, delete = commit.info.get("hold_ms"), commit.info.get("delete", False)
     if hold_ms is not None and (not isinstance(hold_ms, int) or isinstance(hold_ms, bool)
@@ -140,14 +157,16 @@ def apply_offsets(txn: MetaTxn, commit: Commit, now_ms: int) -> str | None:
     before = table.of_group(group)
     if hold_ms is None and old is not None:
         hold_ms = old.hold_ms
-    if hold_ms is not None:
+    state = GroupState(now_ms, hold_ms)
+    if state.holding(now_ms):
         # A hold that starts (new, or lapsed at this commit's time), or a held offset that moves
-        # back, protects records an in-flight compaction may already have left out.
+        # back, protects records an in-flight compaction may already have left out. A hold that
+        # has lapsed already (``hold_ms`` 0) protects nothing, and refuses no round.
         starts = old is None or not old.holding(now_ms)
         if starts or any(p not in before or offset < before[p] for p, offset in parsed):
             table.set_holds_changed(commit.version)
     for p, offset in parsed:
         table.put(group, p, offset)
-    table.put_state(group, GroupState(now_ms, hold_ms))
+    table.put_state(group, state)
     return None
 

@@ -180,8 +180,11 @@ class GroupOffsets:
         self._meta.txn.put(key, seal(key, json.dumps(state.to_json(), sort_keys=True).encode()), db=self._groups)
 
     def set_holds_changed(self, version: int) -> None:
-        """Record ``version`` as the last commit that started a hold or moved one back."""
+        """Record ``version`` as the last commit that started a hold or moved one back
+        (``ValueError`` for a version no commit has: a malformed checkpoint's)."""
         assert isinstance(self._meta, MetaTxn)
+        if not 0 <= version < OFFSET_LIMIT:
+            raise ValueError(f"no commit has version {version!r}")
         self._meta.put_meta(_HOLDS_CHANGED, _U64.pack(version))
 
     def delete(self, group: str) -> bool:

@@ -150,3 +150,44 @@ def test_the_outside_readers_bitmap_decoder(values: list[int]) -> None:
     reader = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(reader)
     assert reader.roaring_values(encode_offsets(values)) == values
+
+
+@pytest.mark.parametrize("checkpoint", ["none", "after the hold started"])
+def test_an_outside_reader_refuses_the_round_a_tombstone_hold_refuses(tmp_path: Path, checkpoint: str) -> None:
+    """A cleaning round planned before a group's tombstone hold started commits after it: kvlog
+    refuses it (its outputs are deleted). An outside reader following the format refuses it
+    too, whether it replays the group's ``offsets`` commits itself or starts from a checkpoint
+    that carries them (``offsets``, ``groups``, ``holds_changed``): both read the same changelog."""
+    from kvlog import ManualClock
+    from kvlog.compaction.runner import CompactionReport, Compactor
+
+    root, out = tmp_path / "store", tmp_path / "out"
+    out.mkdir()
+    clock = ManualClock(SystemClock().now_ms())
+    with kvlog.open(str(root), clock=clock, partitions=1, background_compaction=False, flush_interval_ms=0,
+                    delete_retention_ms=1_000, checkpoint_interval=10_000) as store:
+        store.put("a", "1")
+        store.put("b", "2")
+        store.flush()
+        plain = store.consumer("g")
+        plain.poll(timeout_s=0)
+        plain.commit()
+        store.delete("a")
+        store.flush()
+        clock.advance(2_000)
+        store.compact(force=True)  # stamps the tombstone's horizon
+        clock.advance(2_000)
+        compactor = Compactor(store.log)
+        plan, batches = compactor.plan(clock.now_ms(), force=True)
+        assert plan is not None
+        store.consumer("g", hold_tombstones=True).close()
+        store.consumer("other", hold_tombstones=True).commit({0: 0})  # a second group, moved back
+        if checkpoint != "none":
+            store.log.write_checkpoint()
+        assert compactor._run(plan, batches, clock.now_ms(), CompactionReport()).refused
+        changes = [(r.partition, r.offset, r.key, r.value) for r in store.changes()]
+        assert (b"a", None) in [(k, v) for _p, _o, k, v in changes]
+    run_reader(root, out, clock.now_ms())
+    changelog = read_arrow(out / "changelog.arrow")
+    columns = ["partition", "offset", "key", "value"]
+    assert list(zip(*(changelog.column(c).to_pylist() for c in columns), strict=True)) == changes

@@ -52,3 +52,45 @@ def test_spark_compaction_keeps_what_a_lagging_group_holds(spark: Any, tmp_path:
     # The held tombstones were stamped again by the second round: they go a retention later.
     third = spark_ext.compact(spark, path, force=True, now_ms=t0 + 2 * RETENTION_MS + 1, **settings)
     assert third.tombstones_removed == held
+
+
+def test_a_hold_that_starts_while_a_spark_job_runs_refuses_its_commit(spark: Any, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group read ``a`` and committed without a hold; ``a`` was deleted and the tombstone's
+    horizon has passed. A Spark job plans (no hold: it removes the tombstone); the group starts
+    holding before the job commits. The job's ``replace`` must be refused (and its outputs
+    deleted), so the group still reads the delete."""
+    import spark_ext.jobs as jobs
+
+    path = str(tmp_path / "store")
+    with kvlog.open(path, partitions=1, background_compaction=False, flush_interval_ms=0) as store:
+        store.put("a", "1")
+        store.flush()
+        plain = store.consumer("g")
+        assert [r.key for r in plain.poll(timeout_s=0)] == [b"a"]
+        plain.commit()
+        store.delete("a")
+        store.flush()
+    t0 = time.time_ns() // 1_000_000 + 1_000
+    settings: dict[str, Any] = {"delete_retention_ms": RETENTION_MS}
+    assert spark_ext.compact(spark, path, force=True, now_ms=t0, **settings).tombstones_removed == 0
+    original = jobs.commit_files
+
+    def hold_first(*args: Any, **kwargs: Any) -> Any:
+        with kvlog.open(path, background_compaction=False) as writer:
+            writer.consumer("g", hold_tombstones=True).close()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "commit_files", hold_first)
+    report = spark_ext.compact(spark, path, force=True, now_ms=t0 + RETENTION_MS, **settings)
+    assert report.refused
+    monkeypatch.setattr(jobs, "commit_files", original)
+    with kvlog.open(path, background_compaction=False) as store:
+        assert store.check() == []
+        assert [(r.key, r.value) for r in store.consumer("g").poll(timeout_s=0)] == [(b"a", None)]
+        data = {p.name for p in (tmp_path / "store" / "data").rglob("*.arrow")}
+        live = {Path(entry.path).name for _id, entry in store.log.snapshot(lambda r: list(r.iter_files()))}
+        assert data == live  # the refused job's outputs are gone
+    # The next job plans with the hold: the tombstone stays.
+    again = spark_ext.compact(spark, path, force=True, now_ms=t0 + 2 * RETENTION_MS, **settings)
+    assert not again.refused and again.tombstones_removed == 0

@@ -19,6 +19,8 @@ default-argument openers at one instant), ``consumer-idle`` (consumer groups res
 other processes compacted and collected garbage), ``cli-consume`` (``kvlog consume --follow``
 killed and restarted: at least once) and ``full-disk`` (a 4 MB tmpfs under the data or a cache;
 root only). A normal exit or a handled signal acknowledges what the process wrote before it.
+:mod:`.held` has slow members of groups that hold tombstones read the changelog among all of
+that; each one's view must end as the store (``held``).
 
 Determinism: the scenario, its schedule of actions, the operations every actor draws and the
 faults every storage injects (chosen by call number) all follow from the seed, through

@@ -27,6 +27,7 @@ from kvlog.storage.faulty import SimulatedCrash
 
 from . import lifecycle, named  # noqa: F401 - register the checkpoints and lifecycle scenarios
 from .actors import Maintainer, ProcessWriter, Reader, ThreadWriter
+from .held import HeldReader
 from .model import FinalView, check_final
 from .ops import classify
 from .scenarios import Scenario, pick_scenario
@@ -256,7 +257,7 @@ def _finish(run: Run) -> None:
             actor.finish()
         elif isinstance(actor, ProcessWriter):
             actor.finish(kill=rng.random() < 0.2)
-        elif isinstance(actor, Reader):
+        elif isinstance(actor, Reader | HeldReader):
             actor.finish()
     for actor in run.actors.values():
         if isinstance(actor, ProcessWriter):
@@ -281,6 +282,9 @@ def _final_checks(run: Run) -> None:
             history.violation(f"the maintainer's final refresh raised {classify(e)}")
         views.append(_view_in_process(store, "the maintainer (long-lived cache)", keys, full=True))
         run.maintainer.close()
+    for actor in run.actors.values():
+        if isinstance(actor, HeldReader):
+            actor.final_check()  # nothing changes the store any more: its view must be the store
     for name in run.order:
         actor = run.actors[name]
         if isinstance(actor, ThreadWriter) and actor.cache.exists():

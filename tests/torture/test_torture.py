@@ -8,7 +8,9 @@ The set covers every scenario: ``mixed`` (threads and processes, readers, faults
 kill -9, compaction, GC, clock jumps), ``storm`` (same-producer openers at one instant),
 ``slow-compaction`` (a replace commit stalled past the GC delay), ``restore`` (the root put back
 from an older copy under open writers), ``checkpoints`` (named checkpoints and consumer-group
-commits among all of that), and the damage scenario (flipped bytes, a deleted commit).
+commits among all of that), ``held`` (slow members of groups that hold tombstones: their views
+must end as the store; held-1 fails when compaction ignores the holds), and the damage scenario
+(flipped bytes, a deleted commit).
 :func:`test_lifecycle_seed` runs the everyday lifecycles of :mod:`.lifecycle`: ``lifecycle``
 (processes exiting without ``close()``, dropping handles, stopped by SIGTERM/SIGINT, opening at
 one instant with default arguments), ``consumer-idle`` (consumers resuming after other
@@ -37,6 +39,7 @@ LOCAL_SEEDS = [
     ("slow-compaction", 2), ("slow-compaction", 4),
     ("restore", 3), ("restore", 4),
     ("checkpoints", 3), ("checkpoints", 5),
+    ("held", 1),
 ]
 #: (scenario, seed) pairs run on the SeaweedFS server.
 S3_SEEDS = [("mixed", 4), ("slow-compaction", 1), ("restore", 0)]
