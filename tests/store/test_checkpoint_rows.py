@@ -39,6 +39,8 @@ def decoded_body(r: MetaReader) -> dict[str, Any]:
         "pending": dict(r.iter_pending()), "condemned": dict(r.iter_condemned()),
         "cleaner": {str(p): s.to_json() for p, s in r.iter_cleaner()},
         "offsets": [[g, p, o] for g, p, o in GroupOffsets(r).every()],
+        "groups": {g: state.to_json() for g, state in GroupOffsets(r).states().items()},
+        "holds_changed": GroupOffsets(r).holds_changed(),
         "pins": {pin.name: pin.to_json() for pin in NamedPins(r).every()},
     }
 
