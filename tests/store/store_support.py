@@ -124,3 +124,13 @@ def replay_from(root: Root, positions: dict[int, int]) -> list[tuple[int, int, b
 def visible(store: kvlog.Store) -> list[tuple[bytes, bytes]]:
     """Every (key, value) of ``store`` in key order."""
     return list(store.scan())
+
+
+def apply_records(view: dict[bytes, bytes], records: list[kvlog.Record]) -> None:
+    """Apply changelog ``records`` to ``view`` in order, as a consumer's view does (a tombstone
+    removes its key)."""
+    for record in records:
+        if record.value is None:
+            view.pop(record.key, None)
+        else:
+            view[record.key] = record.value

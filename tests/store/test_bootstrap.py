@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import pytest
-from store_support import Root, child_env, python_script
+from store_support import Root, apply_records, child_env, python_script
 
 QUIET: dict[str, Any] = {"flush_interval_ms": 0, "background_compaction": False}
 
@@ -34,10 +34,7 @@ def _tail(store: Any, view: dict[bytes, bytes], offsets: dict[int, int], name: s
             assert record.offset >= offsets[record.partition]
             assert (record.partition, record.offset) not in seen
             seen.add((record.partition, record.offset))
-            if record.value is None:
-                view.pop(record.key, None)
-            else:
-                view[record.key] = record.value
+        apply_records(view, records)
         if not records and writer.poll() is not None and consumer.caught_up():
             return
 
@@ -94,11 +91,7 @@ def test_a_lagging_group_that_holds_tombstones_misses_no_delete_while_another_pr
             view: dict[bytes, bytes] = {}
             while True:
                 records = consumer.poll(timeout_s=0.05, max_records=5)
-                for record in records:
-                    if record.value is None:
-                        view.pop(record.key, None)
-                    else:
-                        view[record.key] = record.value
+                apply_records(view, records)
                 consumer.commit()
                 if writer.poll() is None:
                     time.sleep(0.02)  # slower than the writer: the group lags behind its compactions

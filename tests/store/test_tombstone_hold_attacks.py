@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from store_support import apply_records
 
 import kvlog
 from kvlog import ManualClock
@@ -36,14 +37,6 @@ def _open(path: Path, clock: ManualClock, **extra: Any) -> kvlog.Store:
     return kvlog.open(path, clock=clock, **{**SETTINGS, **extra})
 
 
-def _apply(view: dict[bytes, bytes], records: list[kvlog.Record]) -> None:
-    for record in records:
-        if record.value is None:
-            view.pop(record.key, None)
-        else:
-            view[record.key] = record.value
-
-
 def _holds_changed(store: kvlog.Store) -> int:
     return int(store.log.snapshot(lambda r: GroupOffsets(r).holds_changed()))
 
@@ -60,7 +53,7 @@ def test_a_commit_just_before_the_hold_lapses_keeps_what_a_round_planned_at_the_
         store.flush()
         consumer = store.consumer("g", hold_tombstones=True)
         view: dict[bytes, bytes] = {}
-        _apply(view, consumer.poll(timeout_s=0))
+        apply_records(view, consumer.poll(timeout_s=0))
         consumer.commit()  # at 1_000_000: the hold lapses at 1_010_000 unless the group commits
         store.delete("a")
         store.flush()
@@ -75,7 +68,7 @@ def test_a_commit_just_before_the_hold_lapses_keeps_what_a_round_planned_at_the_
         consumer.commit()  # built at expiry - 1: the hold goes on, it never lapsed
         assert store.consumer_groups()[0].holding
         compactor._run(plan, batches, expiry, CompactionReport())
-        _apply(view, consumer.poll(timeout_s=0))
+        apply_records(view, consumer.poll(timeout_s=0))
         assert view == dict(store.scan()) == {}
 
 
@@ -136,7 +129,7 @@ def test_a_group_that_starts_holding_while_a_round_is_in_flight_misses_no_delete
         store.flush()
         plain = store.consumer("g")
         view: dict[bytes, bytes] = {}
-        _apply(view, plain.poll(timeout_s=0))
+        apply_records(view, plain.poll(timeout_s=0))
         plain.commit()
         store.delete("a")
         store.flush()
@@ -151,7 +144,7 @@ def test_a_group_that_starts_holding_while_a_round_is_in_flight_misses_no_delete
         assert [(r.key, r.value) for r in store.log.read(0, held.position(0))] == [(b"a", None)]
         assert compactor._run(plan, batches, clock.now_ms(), CompactionReport()).refused
         store.compact(force=True)
-        _apply(view, held.poll(timeout_s=0))
+        apply_records(view, held.poll(timeout_s=0))
         assert view == dict(store.scan()) == {}
 
 
@@ -494,7 +487,7 @@ def test_rounds_at_a_time_before_the_holds_commit_or_far_past_its_lapse_keep_wha
         store.flush()
         consumer = store.consumer("g", hold_tombstones=True)
         view: dict[bytes, bytes] = {}
-        _apply(view, consumer.poll(timeout_s=0))
+        apply_records(view, consumer.poll(timeout_s=0))
         consumer.commit()
         store.delete("a")
         store.flush()
@@ -505,7 +498,7 @@ def test_rounds_at_a_time_before_the_holds_commit_or_far_past_its_lapse_keep_wha
         store.put("b", "2")
         store.flush()  # a commit past the lapse
         assert store.compact(force=True, now_ms=10**12 + 10_000).tombstones_removed == 1
-        _apply(view, consumer.poll(timeout_s=0))
+        apply_records(view, consumer.poll(timeout_s=0))
         assert view == {b"a": b"1", b"b": b"2"}  # the lapse cost it the delete: documented
 
 

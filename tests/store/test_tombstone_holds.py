@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from store_support import apply_records
 
 import kvlog
 from kvlog import ManualClock
@@ -27,14 +28,6 @@ SETTINGS: dict[str, Any] = {
 
 def _open(path: Path, clock: ManualClock, **extra: Any) -> kvlog.Store:
     return kvlog.open(path, clock=clock, **{**SETTINGS, **extra})
-
-
-def _apply(view: dict[bytes, bytes], records: list[kvlog.Record]) -> None:
-    for record in records:
-        if record.value is None:
-            view.pop(record.key, None)
-        else:
-            view[record.key] = record.value
 
 
 def _compact_twice(store: kvlog.Store, clock: ManualClock) -> int:
@@ -66,11 +59,11 @@ def _lagging_view(path: Path, hold: bool) -> tuple[dict[bytes, bytes], dict[byte
                     store.delete(f"k{round_ - 1:02d}-{i:02d}")
                     store.put(f"k{round_ - 1:02d}-{i + 1:02d}", f"again{round_}")
             store.flush()
-            _apply(view, consumer.poll(timeout_s=0, max_records=20))
+            apply_records(view, consumer.poll(timeout_s=0, max_records=20))
             consumer.commit()
             removed += _compact_twice(store, clock)
         while records := consumer.poll(timeout_s=0, max_records=500):
-            _apply(view, records)
+            apply_records(view, records)
         return view, dict(store.scan()), removed
 
 
