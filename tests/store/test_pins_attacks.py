@@ -290,7 +290,7 @@ def test_a_flipped_byte_in_a_checkpoint_body_carrying_offsets_and_pins(tmp_path:
         assert fresh.consumer("g").committed(0) == 0
 
 
-@pytest.mark.parametrize("db", ["offsets", "pins"])
+@pytest.mark.parametrize("db", ["offsets", "groups", "pins"])
 def test_a_flipped_byte_in_the_catalog_is_corrupt_data_and_the_cache_is_rebuilt(tmp_path: Path,
                                                                                 db: str) -> None:
     path = tmp_path / "root"
@@ -298,8 +298,9 @@ def test_a_flipped_byte_in_the_catalog_is_corrupt_data_and_the_cache_is_rebuilt(
     try:
         store.put("a", "1", sync=True)
         cp = store.checkpoint("cp")
-        with store.consumer("g") as c:
+        with store.consumer("g", hold_tombstones=True) as c:
             c.commit()
+        groups = store.consumer_groups()
         env = store.log.env
         with env.env.begin(write=True) as txn:
             with txn.cursor(db=env.dbs[db]) as cur:
@@ -310,11 +311,13 @@ def test_a_flipped_byte_in_the_catalog_is_corrupt_data_and_the_cache_is_rebuilt(
         with pytest.raises(CorruptDataError):
             store.checkpoints()
             store.consumer("g").committed(0)
+            store.consumer_groups()
     finally:
         store.close(flush=False)
     with kvlog.open(path) as again:
         assert again.checkpoints() == [cp]
         assert again.consumer("g").committed(0) == 0
+        assert again.consumer_groups() == groups and groups[0].holding
 
 
 @pytest.mark.parametrize("reopen", [True, False])
